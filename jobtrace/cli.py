@@ -1,0 +1,145 @@
+"""Command line: ``trace-job`` (the lookup) and ``jobtrace`` (demo, jobs, and the rest).
+
+Exit codes, so ``trace-job`` can gate a pipeline:
+
+    0  healthy: no problem found
+    1  problem found (a slow, stalled or silent rank, NaN loss, …)
+    2  usage error (bad option)
+    3  error: job not found, store unreadable, backend unreachable
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+
+from jobtrace.errors import JobtraceError
+
+EXIT_HEALTHY, EXIT_PROBLEM, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+
+__all__ = ["main", "trace_job_main", "EXIT_HEALTHY", "EXIT_PROBLEM", "EXIT_USAGE", "EXIT_ERROR"]
+
+
+def _analysis_options(f: Any) -> Any:
+    f = click.option("--stall-threshold", "stall_s", type=float, default=300.0, show_default=True,
+                     help="Seconds without progress (or heartbeat) before a rank counts as stalled.")(f)
+    f = click.option("--slow-factor", type=float, default=1.3, show_default=True,
+                     help="A rank is slow when its median compute per step is this many times the median rank's.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
+    return f
+
+
+def _report_and_exit(report: Any, as_json: bool, console: Console) -> None:
+    from queries import format_json, print_report
+
+    if as_json:
+        click.echo(format_json(report))
+    else:
+        print_report(report, console)
+    sys.exit(EXIT_HEALTHY if report.healthy else EXIT_PROBLEM)
+
+
+def _fail(console: Console, exc: Exception) -> None:
+    console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    sys.exit(EXIT_ERROR)
+
+
+@click.command(name="trace-job", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("job_id")
+@click.option("--backend", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Where the job's events are.")
+@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
+              help="Embedded store directory (local backend).")
+@_analysis_options
+def trace_job(job_id: str, backend: str, data_dir: str, stall_s: float, slow_factor: float, as_json: bool) -> None:
+    """Rebuild JOB_ID's timeline and name the slow or stalled rank.
+
+    Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error.
+    """
+    from queries import AnalysisConfig, analyze, load_local
+
+    console = Console(stderr=False)
+    try:
+        job = load_local(data_dir, job_id)
+        report = analyze(job, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor))
+    except JobtraceError as exc:
+        _fail(Console(stderr=True), exc)
+        return
+    _report_and_exit(report, as_json, console)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="jobtrace")
+def main() -> None:
+    """jobtrace: one trace for every rank of a distributed training job."""
+
+
+main.add_command(trace_job, name="trace")
+
+
+@main.command()
+@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+def jobs(data_dir: str) -> None:
+    """List the jobs in the embedded store."""
+    from queries import list_local_jobs
+
+    for job in list_local_jobs(data_dir):
+        click.echo(job)
+
+
+@main.command()
+@click.option("--ranks", type=click.IntRange(2, 64), default=4, show_default=True)
+@click.option("--steps", type=click.IntRange(3), default=30, show_default=True)
+@click.option("--slow-rank", type=int, multiple=True, help="Make this rank slow (repeatable).")
+@click.option("--slow-ms", type=float, default=40.0, show_default=True, help="Extra forward time of a slow rank.")
+@click.option("--hang-rank", type=int, default=None, help="Make this rank hang forever.")
+@click.option("--hang-step", type=int, default=8, show_default=True)
+@click.option("--nan-step", type=int, default=None, help="Make rank 0's loss NaN from this step.")
+@click.option("--ranks-per-node", type=int, default=0, help="Simulate nodes of this many ranks.")
+@click.option("--job-id", default=None, help="Default: demo-<time>.")
+@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--verbose", is_flag=True, help="Show the training job's own output.")
+@click.option("--json", "as_json", is_flag=True)
+def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, hang_rank: int | None, hang_step: int,
+         nan_step: int | None, ranks_per_node: int, job_id: str | None, data_dir: str, verbose: bool,
+         as_json: bool) -> None:
+    """Run a real torch.distributed job (gloo, CPU) with an injected fault, then trace it."""
+    from jobtrace.demo import DemoConfig, run_job
+    from queries import AnalysisConfig, analyze, load_local
+
+    for r in (*slow_rank, *( [hang_rank] if hang_rank is not None else [])):
+        if not 0 <= r < ranks:
+            raise click.BadParameter(f"rank {r} is not in 0..{ranks - 1}")
+    console = Console(stderr=as_json)
+    job_id = job_id or time.strftime("demo-%Y%m%d-%H%M%S")
+    cfg = DemoConfig(job_id=job_id, data_dir=data_dir, ranks=ranks, steps=steps, slow_ranks=list(slow_rank),
+                     slow_ms=slow_ms, hang_rank=hang_rank, hang_step=hang_step, nan_step=nan_step,
+                     ranks_per_node=ranks_per_node, quiet=not verbose)
+    fault = (f"slow ranks {list(slow_rank)}" if slow_rank else "") + (f" hang rank {hang_rank}" if hang_rank is not None else "")
+    console.print(f"[bold]jobtrace demo[/]: job {job_id}, {ranks} ranks, {steps} steps, {fault.strip() or 'no fault'}")
+    t0 = time.monotonic()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _fail(console, JobtraceError("the demo needs torch: pip install 'jobtrace[torch]'"))
+    rc = run_job(cfg)
+    console.print(f"job {'stopped after a stall' if rc == -1 else f'exited with {rc}'} in {time.monotonic() - t0:.1f}s; "
+                  f"tracing it: trace-job {job_id} --data-dir {data_dir}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))
+    try:
+        report = analyze(load_local(data_dir, job_id), AnalysisConfig(stall_s=cfg.stall_s if hang_rank is not None else 300.0))
+    except JobtraceError as exc:
+        _fail(console, exc)
+        return
+    _report_and_exit(report, as_json, Console())
+
+
+def trace_job_main() -> None:
+    trace_job(prog_name="trace-job")
+
+
+if __name__ == "__main__":
+    main()

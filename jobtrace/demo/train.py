@@ -1,0 +1,105 @@
+"""The demo's training script: a small data-parallel MLP on synthetic data, one line of tracing.
+
+Run by ``jobtrace demo`` under torchrun (gloo, CPU). Faults are injected on purpose:
+``--slow-rank`` sleeps in the forward pass, ``--hang-rank`` stops forever in the
+forward pass at ``--hang-step`` (the others then block in all_reduce), ``--nan-step``
+makes rank 0's loss NaN from that step.
+
+Gradients are averaged with an explicit ``dist.all_reduce`` so the collective is
+visible to jobtrace's torch.distributed instrumentation without any tracing code
+around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import otel_instrumentation as oi
+
+log = logging.getLogger("demo.train")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--slow-rank", type=int, action="append", default=[])
+    p.add_argument("--slow-ms", type=float, default=40.0)
+    p.add_argument("--hang-rank", type=int, default=None)
+    p.add_argument("--hang-step", type=int, default=8)
+    p.add_argument("--nan-step", type=int, default=None)
+    p.add_argument("--ranks-per-node", type=int, default=0, help="simulate nodes: node = rank // N")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    node = f"node{rank // args.ranks_per_node}" if args.ranks_per_node else None
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    oi.init_tracing(node=node)  # the one line
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("DEMO_PG_TIMEOUT", "600"))))
+    world = dist.get_world_size()
+    torch.manual_seed(1234 + rank)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, args.hidden),
+        torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1),
+    )
+    # Start from identical weights on every rank, as DDP would.
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    log.info("rank %d of %d ready", rank, world)
+
+    for i in range(args.steps):
+        t0 = time.perf_counter()
+        with oi.step(i):
+            with oi.phase("data"):
+                x = torch.randn(args.batch, 64)
+                y = x[:, :1] * 0.5 + 0.1 * torch.randn(args.batch, 1)
+            with oi.phase("forward"):
+                if rank == args.hang_rank and i == args.hang_step:
+                    log.warning("rank %d: injected hang at step %d", rank, i)
+                    while True:
+                        time.sleep(1)
+                if rank in args.slow_rank:
+                    time.sleep(args.slow_ms / 1000)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if args.nan_step is not None and rank == 0 and i >= args.nan_step:
+                    loss = loss * math.nan
+            with oi.phase("backward"):
+                opt.zero_grad()
+                loss.backward()
+            with oi.phase("optimizer"):
+                grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+                dist.all_reduce(grads)
+                grads /= world
+                offset = 0
+                for p in model.parameters():
+                    n = p.numel()
+                    p.grad.copy_(grads[offset:offset + n].view_as(p))
+                    offset += n
+                grad_norm = float(grads.norm())
+                opt.step()
+        elapsed = time.perf_counter() - t0
+        oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)
+        log.info("step %d loss %.4f grad_norm %.3f", i, float(loss), grad_norm)
+
+    dist.barrier()
+    dist.destroy_process_group()
+    log.info("rank %d done", rank)
+
+
+if __name__ == "__main__":
+    main()

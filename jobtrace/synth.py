@@ -1,0 +1,115 @@
+"""Synthetic jobs in the embedded-store format, for benchmarks and tests of the analysis.
+
+The generator models data-parallel training the way the analysis sees it: every
+rank starts a step together, computes for its own time, then waits in all_reduce
+until the slowest rank arrives. Faults are the same the demo injects (slow ranks,
+a hung rank, NaN loss), so benchmarks on 8,192 ranks exercise the same code paths
+as the real torch jobs in the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from otel_instrumentation._identity import trace_id_for_job
+from shippers._local import job_dir
+
+__all__ = ["SynthJob", "write_job"]
+
+
+@dataclass
+class SynthJob:
+    job_id: str = "synth"
+    ranks: int = 8
+    steps: int = 100
+    ranks_per_node: int = 8
+    compute_ms: float = 100.0
+    jitter: float = 0.03
+    slow_ranks: dict[int, float] = field(default_factory=dict)  # rank -> compute factor
+    hang_rank: int | None = None
+    hang_step: int = 0
+    hang_s: float = 600.0
+    nan_step: int | None = None
+    logs_per_step: int = 1
+    heartbeat_s: float = 10.0
+    seed: int = 7
+    t0_ns: int = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+
+
+def write_job(data_dir: str | os.PathLike[str], job: SynthJob) -> Path:
+    """Write the job's per-rank files; returns the job directory."""
+    rnd = random.Random(job.seed)
+    directory = job_dir(data_dir, job.job_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    trace = trace_id_for_job(job.job_id)
+    files = {}
+    for r in range(job.ranks):
+        node = f"node{r // job.ranks_per_node:04d}"
+        files[r] = open(directory / f"{node}.r{r}.p{1000 + r}.jsonl", "wb")
+    dumps = orjson.dumps
+    nl = orjson.OPT_APPEND_NEWLINE
+    sid = iter(range(1, 1 << 62))
+    t = job.t0_ns
+    last_steps = job.steps if job.hang_rank is None else job.hang_step
+    try:
+        for s in range(last_steps + (1 if job.hang_rank is not None else 0)):
+            hanging = job.hang_rank is not None and s == job.hang_step
+            compute = {
+                r: job.compute_ms * job.slow_ranks.get(r, 1.0) * (1 + rnd.uniform(-job.jitter, job.jitter)) * 1e6
+                for r in range(job.ranks)
+            }
+            arrive = max(compute.values())
+            for r in range(job.ranks):
+                base = {"job": job.job_id, "trace_id": trace, "rank": r, "local_rank": r % job.ranks_per_node,
+                        "world": job.ranks, "node": f"node{r // job.ranks_per_node:04d}", "pid": 1000 + r, "v": 1}
+                out = files[r]
+                step_id = f"{next(sid):016x}"
+                c = int(compute[r])
+                data = int(c * 0.05)
+                if hanging:
+                    beats = int(job.hang_s // job.heartbeat_s)
+                    for b in range(1, beats + 1):
+                        at = t + int(b * job.heartbeat_s * 1e9)
+                        attrs = ({"in_span": "forward", "in_cat": "phase", "progress_age_ms": int(b * job.heartbeat_s * 1000)}
+                                 if r == job.hang_rank else
+                                 {"in_span": "optimizer", "in_cat": "phase", "in_op": "all_reduce", "in_group": "default",
+                                  "in_seq": s + 1, "progress_age_ms": int(b * job.heartbeat_s * 1000)})
+                        out.write(dumps({"ts": at, "kind": "heartbeat", **base, "step": s, "attrs": attrs}, option=nl))
+                    continue
+                fwd = int(c * 0.35)
+                bwd = c - data - fwd
+                wait = int(arrive - compute[r]) + int(2e6)
+                spans = [("data", t, data), ("forward", t + data, fwd), ("backward", t + data + fwd, bwd)]
+                opt_start = t + c
+                for name, start, dur in spans:
+                    out.write(dumps({"ts": start + dur, "kind": "span", **base, "span_id": f"{next(sid):016x}",
+                                     "parent_id": step_id, "name": name, "cat": "phase", "start": start, "dur": dur,
+                                     "step": s}, option=nl))
+                opt_id = f"{next(sid):016x}"
+                out.write(dumps({"ts": opt_start + wait, "kind": "span", **base, "span_id": f"{next(sid):016x}",
+                                 "parent_id": opt_id, "name": "all_reduce", "cat": "collective", "start": opt_start,
+                                 "dur": wait, "step": s, "attrs": {"op": "all_reduce", "group": "default",
+                                 "group_size": job.ranks, "seq": s + 1, "bytes": 1 << 24}}, option=nl))
+                end = opt_start + wait + int(1e6)
+                out.write(dumps({"ts": end, "kind": "span", **base, "span_id": opt_id, "parent_id": step_id,
+                                 "name": "optimizer", "cat": "phase", "start": opt_start, "dur": end - opt_start,
+                                 "step": s}, option=nl))
+                out.write(dumps({"ts": end, "kind": "span", **base, "span_id": step_id, "name": "step", "cat": "step",
+                                 "start": t, "dur": end - t, "step": s}, option=nl))
+                loss = 2.0 * (0.99 ** s) + rnd.uniform(0, 0.01)
+                metric = "NaN" if job.nan_step is not None and s >= job.nan_step else round(loss, 5)
+                out.write(dumps({"ts": end, "kind": "metric", **base, "step": s,
+                                 "metrics": {"loss": metric, "lr": 1e-4, "grad_norm": 1.0}}, option=nl))
+                for _ in range(job.logs_per_step):
+                    out.write(dumps({"ts": end, "kind": "log", **base, "step": s, "level": "INFO",
+                                     "logger": "train", "msg": f"step {s} loss {loss:.4f}"}, option=nl))
+            t += int(arrive) + int(4e6)
+    finally:
+        for fh in files.values():
+            fh.close()
+    return directory

@@ -1,0 +1,32 @@
+"""One-line tracing for distributed training.
+
+    import otel_instrumentation as oi
+    oi.init_tracing()
+
+Then, optionally, mark steps and phases and record metrics::
+
+    with oi.step(i):
+        with oi.phase("forward"):
+            ...
+        oi.log_metrics(loss=loss)
+"""
+
+from __future__ import annotations
+
+from ._identity import Identity, resolve_identity, trace_id_for_job
+from ._logging import TraceContextFilter
+from ._setup import Tracing, get_tracing, init_tracing, log_metrics, phase, span, step
+
+__all__ = [
+    "Identity",
+    "TraceContextFilter",
+    "Tracing",
+    "get_tracing",
+    "init_tracing",
+    "log_metrics",
+    "phase",
+    "resolve_identity",
+    "span",
+    "step",
+    "trace_id_for_job",
+]

@@ -1,0 +1,116 @@
+"""The bridge from stdlib ``logging``: every record of every logger becomes an event.
+
+OpenTelemetry's own ``LoggingHandler`` builds an SDK LogRecord on the calling
+thread (about 50 µs a record here); ours appends the ``LogRecord`` to the export
+queue and lets the export thread do the formatting. The handler skips the
+per-handler lock of ``logging.Handler.handle`` because appending to a deque is
+already atomic.
+
+Libraries such as DeepSpeed and Transformers log through loggers with
+``propagate=False``; a root handler never sees them, so :func:`attach_to_loggers`
+also puts the handler on those (and is re-run from the heartbeat thread to catch
+loggers created after ``init_tracing``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._recorder import Recorder
+
+__all__ = ["JobtraceHandler", "TraceContextFilter", "TraceContextFormatter", "attach_to_loggers"]
+
+CONSOLE_FORMAT = "%(asctime)s %(levelname)s [%(jobtrace)s] %(name)s: %(message)s"
+
+
+class JobtraceHandler(logging.Handler):
+    """Queues each record for export; never formats or does I/O on the calling thread."""
+
+    def __init__(self, recorder: Recorder, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self._log_record = recorder.log_record
+
+    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        if self.filters and not self.filter(record):
+            return False
+        if record.name.startswith("jobtrace.export"):
+            return False  # our own export warnings must not loop back into the queue
+        self._log_record(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+
+class TraceContextFilter(logging.Filter):
+    """Adds ``trace_id``, ``span_id``, ``job_id``, ``rank`` and ``jobtrace`` attributes to records.
+
+    Add it to any handler whose format string uses ``%(trace_id)s`` and friends.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self._rec = recorder
+        ident = recorder.identity
+        self._job = ident.job_id
+        self._trace = ident.trace_id
+        self._rank = ident.rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        sid = self._rec.current_span_id()
+        span = f"{sid:016x}" if sid is not None else "-"
+        record.trace_id = self._trace
+        record.span_id = span
+        record.job_id = self._job
+        record.rank = self._rank
+        record.jobtrace = f"job={self._job} rank={self._rank} trace={self._trace} span={span}"
+        return True
+
+
+class TraceContextFormatter(logging.Formatter):
+    """Wraps an existing formatter so the console line shows job, rank, trace and span."""
+
+    def __init__(self, inner: logging.Formatter | None, recorder: Recorder) -> None:
+        super().__init__()
+        self._inner = inner or logging.Formatter(logging.BASIC_FORMAT)
+        self._filter = TraceContextFilter(recorder)
+
+    def format(self, record: logging.LogRecord) -> str:
+        self._filter.filter(record)
+        return f"[{record.jobtrace}] " + self._inner.format(record)  # type: ignore[attr-defined]
+
+
+def attach_to_loggers(handler: logging.Handler) -> int:
+    """Attach ``handler`` to every existing non-propagating logger; returns how many were added."""
+    added = 0
+    for logger in list(logging.root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger) and not logger.propagate and handler not in logger.handlers:
+            logger.handlers.insert(0, handler)
+            added += 1
+    return added
+
+
+def install_console(recorder: Recorder, console: bool) -> list[tuple[logging.Handler, Any]]:
+    """Make console output carry the trace context; returns (handler, old formatter) to undo."""
+    changed: list[tuple[logging.Handler, Any]] = []
+    if not console:
+        return changed
+    root = logging.getLogger()
+    streams = [h for h in root.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    if not streams and not [h for h in root.handlers if not isinstance(h, JobtraceHandler)]:
+        # Nothing prints yet; mirror logging.lastResort (WARNING and up to stderr) with context.
+        h = logging.StreamHandler(sys.stderr)
+        h.setLevel(logging.WARNING)
+        h._jobtrace_owned = True  # type: ignore[attr-defined]
+        h.addFilter(TraceContextFilter(recorder))
+        h.setFormatter(logging.Formatter(CONSOLE_FORMAT))
+        root.addHandler(h)
+        changed.append((h, None))
+        return changed
+    for h in streams:
+        changed.append((h, h.formatter))
+        h.setFormatter(TraceContextFormatter(h.formatter, recorder))
+    return changed

@@ -1,0 +1,110 @@
+"""OpenTelemetry wiring: providers with the job's resource, and the job's trace as context.
+
+Our own spans are recorded by the cheap recorder; OpenTelemetry is set up so that
+(1) any span a library or the user starts with the OTel API joins the job's trace,
+nested under our current step/phase, and is recorded as an event too, and (2) the
+providers carry resource attributes following the semantic conventions
+(``service.*``, ``host.name``, ``process.pid``) plus ``jobtrace.*`` for the rank.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from jobtrace.events import SpanCategory
+
+from ._recorder import _SPAN, Recorder
+
+__all__ = ["install_otel", "resource_for"]
+
+
+def resource_for(rec: Recorder) -> Resource:
+    ident = rec.identity
+    return Resource.create(
+        {
+            "service.name": os.environ.get("OTEL_SERVICE_NAME", "training"),
+            "service.namespace": "jobtrace",
+            "service.instance.id": f"{ident.job_id}/rank-{ident.rank}",
+            "host.name": ident.node,
+            "process.pid": ident.pid,
+            "jobtrace.job.id": ident.job_id,
+            "jobtrace.rank": ident.rank,
+            "jobtrace.local_rank": ident.local_rank,
+            "jobtrace.world_size": ident.world_size,
+            "jobtrace.launcher": ident.launcher,
+        }
+    )
+
+
+class _RecordSpans(SpanProcessor):
+    """Records spans started through the OpenTelemetry API as jobtrace span events."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self._rec = rec
+        self.enabled = True  # providers cannot drop a processor; shutdown disables it instead
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = span.context
+        if not self.enabled:
+            return
+        if ctx is None or span.start_time is None or span.end_time is None:
+            return
+        attrs: dict[str, Any] = dict(span.attributes or {})
+        parent = span.parent.span_id if span.parent is not None else None
+        self._rec.emit(
+            (_SPAN, ctx.span_id, parent, span.name, SpanCategory.USER, span.start_time, span.end_time,
+             self._rec.step, attrs or None)
+        )
+
+
+def install_otel(rec: Recorder) -> Callable[[], None]:
+    """Set up providers and context; returns a function that undoes the context attachment."""
+    ident = rec.identity
+    trace_int = int(ident.trace_id, 16)
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        provider = current  # the user configured one; add our processor to it
+    else:
+        provider = TracerProvider(resource=resource_for(rec))
+        trace.set_tracer_provider(provider)
+    processor = _RecordSpans(rec)
+    provider.add_span_processor(processor)
+    try:
+        from opentelemetry._logs import get_logger_provider, set_logger_provider
+        from opentelemetry.sdk._logs import LoggerProvider
+
+        if not isinstance(get_logger_provider(), LoggerProvider):
+            set_logger_provider(LoggerProvider(resource=resource_for(rec)))
+    except ImportError:  # the logs SDK moved between releases; tracing works without it
+        pass
+
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+
+    def attach(span_id: int) -> object:
+        ctx = SpanContext(trace_id=trace_int, span_id=span_id, is_remote=False, trace_flags=sampled)
+        return otel_context.attach(trace.set_span_in_context(NonRecordingSpan(ctx)))
+
+    def detach(token: object) -> None:
+        try:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a token from another context; nothing to undo
+            pass
+
+    root = rec.root_span_id or 1
+    root_token = attach(root)
+    rec.attach_otel = attach
+    rec.detach_otel = detach
+
+    def undo() -> None:
+        processor.enabled = False
+        rec.attach_otel = rec.detach_otel = None
+        detach(root_token)
+
+    return undo

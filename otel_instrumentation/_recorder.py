@@ -1,0 +1,227 @@
+"""The hot path: what the training thread pays for a span, a log record, a metric.
+
+The training thread only builds a small tuple and appends it to the export queue;
+the export thread turns tuples into canonical event dicts and bytes. Span ids are
+random 64-bit ints formatted to hex later, timestamps are ``time.time_ns()``, and the
+per-thread span stack is a plain list, so a step span costs a few microseconds where
+an OpenTelemetry SDK span costs tens (measured in ``benchmarks/bench_overhead.py``).
+
+Item layouts (first element is the kind tag):
+
+* ``(_SPAN, span_id, parent_id, name, cat, start_ns, end_ns, step, attrs)``
+* ``(_LOG, logging.LogRecord, span_id, step)``
+* ``(_METRIC, ts_ns, step, {name: value}, span_id)``
+* ``(_BEAT, ts_ns, step, attrs)``
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import traceback
+from random import getrandbits
+from time import time_ns
+from typing import Any, Callable, Mapping
+
+from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode
+
+from ._identity import Identity
+
+__all__ = ["Recorder", "Span"]
+
+_SPAN, _LOG, _METRIC, _BEAT = 0, 1, 2, 3
+_IMMUTABLE = (int, float, str, bool, type(None), bytes)
+
+
+def _hex64(x: int | None) -> str | None:
+    return None if x is None else f"{x:016x}"
+
+
+def _number(value: Any) -> float | int | str:
+    """A metric value as JSON can carry it; NaN/Inf are kept as strings, not lost as null."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    x = float(value)
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+class Span:
+    """A span context manager: ``with rec.span("forward", "phase"):``.
+
+    Reusable objects with ``__slots__`` instead of ``contextlib.contextmanager``
+    because a generator-based manager costs several microseconds more per use.
+    """
+
+    __slots__ = ("_rec", "name", "cat", "attrs", "step", "span_id", "parent_id", "start", "_otel_token")
+
+    def __init__(self, rec: Recorder, name: str, cat: str, step: int | None, attrs: dict[str, Any] | None) -> None:
+        self._rec = rec
+        self.name = name
+        self.cat = cat
+        self.step = step
+        self.attrs = attrs
+        self.span_id = 0
+        self.parent_id: int | None = None
+        self.start = 0
+        self._otel_token: object = None
+
+    def __enter__(self) -> Span:
+        rec = self._rec
+        stack = rec.stack()
+        self.parent_id = stack[-1].span_id if stack else rec.root_span_id
+        self.span_id = getrandbits(64) or 1
+        if self.step is None:
+            self.step = rec.step
+        elif self.cat == SpanCategory.STEP:
+            rec.step = self.step
+        stack.append(self)
+        if rec.attach_otel is not None:
+            self._otel_token = rec.attach_otel(self.span_id)
+        self.start = time_ns()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        end = time_ns()
+        rec = self._rec
+        stack = rec.stack()
+        if stack and stack[-1] is self:
+            stack.pop()
+        elif self in stack:  # exited out of order (a generator span); keep the stack sane
+            stack.remove(self)
+        if self._otel_token is not None and rec.detach_otel is not None:
+            rec.detach_otel(self._otel_token)
+            self._otel_token = None
+        attrs = self.attrs
+        if exc_type is not None:
+            attrs = dict(attrs or ())
+            attrs["error"] = f"{exc_type.__name__}: {exc}"
+        rec.emit((_SPAN, self.span_id, self.parent_id, self.name, self.cat, self.start, end, self.step, attrs))
+        rec.last_progress_ns = end
+        if self.cat == SpanCategory.STEP:
+            for hook in rec.step_end_hooks:
+                hook(self.step)
+
+
+class Recorder:
+    """Turns calls on the training thread into queued items, and items into event lines."""
+
+    def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
+        self.identity = identity
+        self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
+        self.step: int | None = None
+        self.root_span_id = int(identity.parent_span_id, 16) if identity.parent_span_id else None
+        self.last_progress_ns = time_ns()
+        self.step_end_hooks: list[Callable[[int | None], None]] = []
+        self.attach_otel: Callable[[int], object] | None = None
+        self.detach_otel: Callable[[object], None] | None = None
+        # What the rank is blocked in, for heartbeats: (op, group, seq, t0) or None.
+        self.in_collective: tuple[str, str, int, int] | None = None
+        self._local = threading.local()
+        self.main_stack: list[Span] = []
+        self._local.stack = self.main_stack
+        self._main_ident = threading.get_ident()
+        self._base: dict[str, Any] = {
+            "job": identity.job_id,
+            "trace_id": identity.trace_id,
+            "rank": identity.rank,
+            "local_rank": identity.local_rank,
+            "world": identity.world_size,
+            "node": identity.node,
+            "pid": identity.pid,
+            "v": SCHEMA_VERSION,
+        }
+
+    # ---- training thread ------------------------------------------------------------
+    def stack(self) -> list[Span]:
+        try:
+            return self._local.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            self._local.stack = []
+            return self._local.stack  # type: ignore[no-any-return]
+
+    def current_span_id(self) -> int | None:
+        stack = self.stack()
+        return stack[-1].span_id if stack else self.root_span_id
+
+    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> Span:
+        return Span(self, name, cat, step, attrs or None)
+
+    def log_record(self, record: logging.LogRecord) -> None:
+        args = record.args
+        if args:
+            # Format now only when an argument could change before the export thread runs.
+            values = args.values() if isinstance(args, Mapping) else args
+            if isinstance(args, Mapping) or not all(isinstance(a, _IMMUTABLE) for a in values):
+                try:
+                    record.msg = record.getMessage()
+                    record.args = None
+                except Exception:  # noqa: BLE001 - the export thread reports the bad format
+                    pass
+        stack = self.stack()
+        self.emit((_LOG, record, stack[-1].span_id if stack else self.root_span_id, self.step))
+        if threading.get_ident() == self._main_ident:
+            self.last_progress_ns = time_ns()
+
+    def metrics(self, step: int | None, values: Mapping[str, Any]) -> None:
+        clean = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in values.items()}
+        self.emit((_METRIC, time_ns(), self.step if step is None else step, clean, self.current_span_id()))
+
+    def heartbeat(self, attrs: dict[str, Any]) -> None:
+        self.emit((_BEAT, time_ns(), self.step, attrs))
+
+    # ---- export thread ------------------------------------------------------------------
+    def to_dict(self, item: tuple[Any, ...]) -> dict[str, Any]:
+        tag = item[0]
+        if tag == _SPAN:
+            _, sid, parent, name, cat, start, end, step, attrs = item
+            d: dict[str, Any] = {"ts": end, "kind": Kind.SPAN, **self._base, "span_id": _hex64(sid)}
+            if parent is not None:
+                d["parent_id"] = _hex64(parent)
+            d.update(name=name, cat=cat, start=start, dur=end - start)
+        elif tag == _LOG:
+            _, record, sid, step = item
+            d = {"ts": int(record.created * 1e9), "kind": Kind.LOG, **self._base}
+            if sid is not None:
+                d["span_id"] = _hex64(sid)
+            try:
+                msg = record.getMessage()
+            except Exception as exc:  # noqa: BLE001 - a bad format string is still evidence
+                msg = f"{record.msg!r} % {record.args!r} (format error: {exc})"
+            d.update(level=record.levelname, logger=record.name, msg=msg)
+            if record.exc_info and record.exc_info[0] is not None:
+                d["exc"] = record.exc_text or "".join(traceback.format_exception(*record.exc_info))
+            elif record.exc_text:
+                d["exc"] = record.exc_text
+            attrs = None
+        elif tag == _METRIC:
+            _, ts, step, values, sid = item
+            d = {"ts": ts, "kind": Kind.METRIC, **self._base}
+            if sid is not None:
+                d["span_id"] = _hex64(sid)
+            metrics = {}
+            for k, v in values.items():
+                try:
+                    metrics[k] = _number(v)
+                except (TypeError, ValueError):
+                    metrics[k] = str(v)
+            d["metrics"] = metrics
+            attrs = None
+        else:
+            _, ts, step, attrs = item
+            d = {"ts": ts, "kind": Kind.HEARTBEAT, **self._base}
+        if step is not None:
+            d["step"] = step
+        if attrs:
+            d["attrs"] = attrs
+        return d
+
+    def encode_batch(self, items: list[tuple[Any, ...]]) -> list[bytes]:
+        to_dict = self.to_dict
+        return [encode(to_dict(item)) for item in items]

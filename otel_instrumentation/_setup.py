@@ -1,0 +1,414 @@
+"""``init_tracing()``: the one line a training script adds, and the handle it returns.
+
+What it wires, in order: identity (job, rank, node, TraceID) → recorder (hot path)
+→ batch worker (export thread) → sinks (embedded store by default), then the
+bridges: stdlib logging, OpenTelemetry providers and context, torch collectives,
+memory per step, the heartbeat thread, and exit hooks (atexit, uncaught exceptions,
+SIGTERM, fork). Any failure to set up a *sink* is reported on stderr and training
+goes on: a tracing tool must never be the reason a job dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict
+from time import time_ns
+from types import FrameType, TracebackType
+from typing import Any, Callable, Sequence
+
+from jobtrace.errors import ConfigError, StoreError
+from jobtrace.events import SpanCategory
+from shippers import BatchWorker, LocalStoreSink, Sink
+from shippers._local import DEFAULT_DATA_DIR
+
+from ._identity import Identity, resolve_identity
+from ._logging import JobtraceHandler, attach_to_loggers, install_console
+from ._recorder import _LOG, Recorder, Span
+
+__all__ = ["Tracing", "init_tracing", "get_tracing", "step", "phase", "span", "log_metrics"]
+
+_lock = threading.Lock()
+_active: Tracing | None = None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+
+
+def _stderr(msg: str) -> None:
+    try:
+        sys.stderr.write(f"jobtrace: {msg}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _NullSpan:
+    """What ``step()``/``phase()`` return when tracing is not initialised: scripts still run."""
+
+    def __enter__(self) -> _NullSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class Tracing:
+    """The live tracing of this process. Returned by :func:`init_tracing`."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        sinks: Sequence[Sink],
+        *,
+        level: int,
+        heartbeat_s: float,
+        stall_dump_s: float,
+        console: bool,
+        torch: bool,
+        otel: bool,
+        flush_interval_s: float,
+        sink_factory: Callable[[Identity], list[Sink]] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.recorder = Recorder(identity)
+        self._sink_factory = sink_factory
+        self.worker: BatchWorker[tuple[Any, ...]] = BatchWorker(
+            self.recorder.encode_batch, sinks, flush_interval_s=flush_interval_s
+        )
+        self.recorder.emit = self.worker.emit
+        self._flush_interval_s = flush_interval_s
+        self.heartbeat_s = heartbeat_s
+        self.stall_dump_s = stall_dump_s
+        self._closed = False
+        self._undo: list[Callable[[], None]] = []
+        if identity.parent_span_id is None:
+            # One root span id per job, the same on every rank, so all step spans share a parent.
+            root = hashlib.sha256(b"jobtrace-root:" + identity.job_id.encode()).hexdigest()[:16]
+            self.recorder.root_span_id = int(root, 16) or 1
+
+        self._install_logging(level, console)
+        if otel:
+            self._install_otel()
+        self.torch_instrumented = False
+        if torch and ("torch" in sys.modules or _torch_importable()):
+            from ._torch import instrument_torch, memory_hook, uninstrument_torch
+
+            self.torch_instrumented = instrument_torch(self.recorder)
+            if self.torch_instrumented:
+                self._undo.append(uninstrument_torch)
+            self.recorder.step_end_hooks.append(memory_hook(self.recorder))
+        self._stop_beat = threading.Event()
+        self._beat_thread = threading.Thread(target=self._beat_loop, name="jobtrace-heartbeat", daemon=True)
+        self._beat_thread.start()
+        self._install_exit_hooks()
+        self._record_message(logging.INFO, "start", logger="jobtrace.lifecycle")
+        for w in identity.warnings:
+            logging.getLogger("jobtrace").warning("jobtrace: %s", w)
+
+    # ---- user API -----------------------------------------------------------------------
+    def step(self, i: int, **attrs: Any) -> Span:
+        """``with tracing.step(i):`` marks one training step (the unit the analysis compares)."""
+        return self.recorder.span("step", SpanCategory.STEP, i, **attrs)
+
+    def phase(self, name: str, **attrs: Any) -> Span:
+        """``with tracing.phase("forward"):`` a part of a step: data, forward, backward, optimizer…"""
+        return self.recorder.span(name, SpanCategory.PHASE, None, **attrs)
+
+    def span(self, name: str, **attrs: Any) -> Span:
+        return self.recorder.span(name, SpanCategory.USER, None, **attrs)
+
+    def log_metrics(self, step: int | None = None, **values: Any) -> None:
+        """Record metric values (loss, lr, grad_norm, tokens_per_s…) for a step."""
+        self.recorder.metrics(step, values)
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        return self.worker.force_flush(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        return asdict(self.worker.stats) | {"queued": self.worker.queued}
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Flush and stop. Idempotent; called automatically at exit and on SIGTERM."""
+        global _active
+        if self._closed:
+            return
+        self._closed = True
+        self._record_message(logging.INFO, "stop", logger="jobtrace.lifecycle")
+        self._stop_beat.set()
+        self.worker.shutdown(timeout_s)
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception:  # noqa: BLE001
+                pass
+        with _lock:
+            if _active is self:
+                _active = None
+
+    # ---- wiring ---------------------------------------------------------------------------
+    def _install_logging(self, level: int, console: bool) -> None:
+        root = logging.getLogger()
+        self.handler = JobtraceHandler(self.recorder, level)
+        old_level = root.level
+        if root.level == logging.NOTSET or root.level > level:
+            # Capture INFO even when the script left the root at WARNING, without making
+            # its existing console handlers print more than before.
+            for h in root.handlers:
+                if h.level == logging.NOTSET:
+                    h.setLevel(old_level or logging.WARNING)
+                    self._undo.append(lambda h=h: h.setLevel(logging.NOTSET))
+            root.setLevel(level)
+            self._undo.append(lambda: root.setLevel(old_level))
+        changed = install_console(self.recorder, console)
+        root.handlers.insert(0, self.handler)
+        attach_to_loggers(self.handler)
+
+        def undo_logging() -> None:
+            for logger in [root, *logging.root.manager.loggerDict.values()]:
+                if isinstance(logger, logging.Logger) and self.handler in logger.handlers:
+                    logger.removeHandler(self.handler)
+            for h, fmt in changed:
+                if fmt is None and getattr(h, "_jobtrace_owned", False):
+                    root.removeHandler(h)
+                else:
+                    h.setFormatter(fmt)
+
+        self._undo.append(undo_logging)
+
+    def _install_otel(self) -> None:
+        try:
+            from ._otel import install_otel
+
+            self._undo.append(install_otel(self.recorder))
+        except Exception as exc:  # noqa: BLE001 - OTel trouble must not break training
+            _stderr(f"OpenTelemetry setup skipped: {exc}")
+
+    def _install_exit_hooks(self) -> None:
+        atexit.register(self.shutdown)
+        self._undo.append(lambda: atexit.unregister(self.shutdown))
+
+        prev_hook = sys.excepthook
+
+        def excepthook(t: type[BaseException], e: BaseException, tb: TracebackType | None) -> None:
+            self._record_exception("uncaught exception", (t, e, tb))
+            self.shutdown()
+            prev_hook(t, e, tb)
+
+        sys.excepthook = excepthook
+        self._undo.append(lambda: setattr(sys, "excepthook", prev_hook))
+
+        prev_thread_hook = threading.excepthook
+
+        def thread_hook(args: threading.ExceptHookArgs) -> None:
+            if args.exc_type is not SystemExit:
+                self._record_exception(
+                    f"uncaught exception in thread {getattr(args.thread, 'name', '?')}",
+                    (args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback),
+                )
+            prev_thread_hook(args)
+
+        threading.excepthook = thread_hook
+        self._undo.append(lambda: setattr(threading, "excepthook", prev_thread_hook))
+
+        if threading.current_thread() is threading.main_thread():
+            prev_term = signal.getsignal(signal.SIGTERM)
+
+            def on_term(signum: int, frame: FrameType | None) -> None:
+                self._record_message(logging.WARNING, "received SIGTERM; flushing and exiting")
+                self.shutdown()
+                if callable(prev_term):
+                    prev_term(signum, frame)
+                elif prev_term != signal.SIG_IGN:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            signal.signal(signal.SIGTERM, on_term)
+            self._undo.append(lambda: signal.signal(signal.SIGTERM, prev_term))
+
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child (e.g. a DataLoader worker) events go to the child's own file."""
+        if self._closed:
+            return
+        ident = Identity(**{**asdict(self.identity), "pid": os.getpid(), "warnings": ()})
+        self.identity = ident
+        self.recorder.identity = ident
+        self.recorder._base["pid"] = ident.pid
+        sinks = self._sink_factory(ident) if self._sink_factory else []
+        self.worker = BatchWorker(self.recorder.encode_batch, sinks, flush_interval_s=self._flush_interval_s)
+        self.recorder.emit = self.worker.emit
+        self._stop_beat.set()  # heartbeats describe the rank; the parent keeps sending them
+        atexit.register(self.shutdown)
+
+    # ---- heartbeat thread ----------------------------------------------------------------
+    def _record_message(self, levelno: int, msg: str, exc_text: str | None = None, logger: str = "jobtrace") -> None:
+        record = logging.LogRecord(logger, levelno, __file__, 0, msg, None, None)
+        if exc_text:
+            record.exc_text = exc_text
+        self.recorder.emit((_LOG, record, self.recorder.current_span_id(), self.recorder.step))
+
+    def _record_exception(self, msg: str, exc_info: Any) -> None:
+        record = logging.LogRecord("jobtrace", logging.CRITICAL, __file__, 0, msg, None, exc_info)
+        self.recorder.emit((_LOG, record, self.recorder.current_span_id(), self.recorder.step))
+
+    def _beat_loop(self) -> None:
+        rec = self.recorder
+        main_ident = threading.main_thread().ident
+        dumped_for: int | None = None
+        while not self._stop_beat.wait(self.heartbeat_s):
+            try:
+                now = time_ns()
+                attrs: dict[str, Any] = {"progress_age_ms": (now - rec.last_progress_ns) // 1_000_000}
+                stack = rec.main_stack
+                if stack:
+                    top = stack[-1]
+                    attrs.update(in_span=top.name, in_cat=top.cat, span_age_ms=(now - top.start) // 1_000_000)
+                coll = rec.in_collective
+                if coll is not None:
+                    attrs.update(in_op=coll[0], in_group=coll[1], in_seq=coll[2], op_age_ms=(now - coll[3]) // 1_000_000)
+                rec.heartbeat(attrs)
+                stalled_ns = now - rec.last_progress_ns
+                if stalled_ns > self.stall_dump_s * 1e9 and dumped_for != rec.last_progress_ns:
+                    dumped_for = rec.last_progress_ns
+                    frame = sys._current_frames().get(main_ident or 0)
+                    stack_text = "".join(traceback.format_stack(frame)) if frame else "(no main thread)"
+                    self._record_message(
+                        logging.WARNING,
+                        f"no progress for {stalled_ns / 1e9:.0f}s; main thread stack attached",
+                        exc_text=stack_text,
+                    )
+                attach_to_loggers(self.handler)
+            except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any bug
+                _stderr(f"heartbeat error: {exc}")
+
+
+def _torch_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _default_sinks(data_dir: str | None, strict: bool) -> Callable[[Identity], list[Sink]]:
+    def build(ident: Identity) -> list[Sink]:
+        target = data_dir or os.environ.get("JOBTRACE_DATA_DIR") or DEFAULT_DATA_DIR
+        try:
+            return [LocalStoreSink(target, ident.job_id, ident.node, ident.rank, ident.pid)]
+        except StoreError as exc:
+            if strict:
+                raise ConfigError(str(exc)) from exc
+            fallback = os.path.join(tempfile.gettempdir(), "jobtrace-data")
+            try:
+                sink = LocalStoreSink(fallback, ident.job_id, ident.node, ident.rank, ident.pid)
+            except StoreError as exc2:
+                _stderr(f"{exc}; fallback failed too ({exc2}). Training continues, events are NOT stored.")
+                return []
+            _stderr(f"{exc}; writing to {sink.path} instead. Training continues.")
+            return [sink]
+
+    return build
+
+
+def init_tracing(
+    job_id: str | None = None,
+    *,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    node: str | None = None,
+    data_dir: str | None = None,
+    sinks: Sequence[Sink] | None = None,
+    level: int = logging.INFO,
+    heartbeat_s: float | None = None,
+    stall_dump_s: float | None = None,
+    console: bool = True,
+    torch: bool = True,
+    otel: bool = True,
+    flush_interval_s: float = 1.0,
+    strict: bool = False,
+) -> Tracing:
+    """Trace this process as one rank of a job. Safe to call more than once (returns the live handle).
+
+    Args:
+        job_id: shared by all ranks; default from ``JOBTRACE_JOB_ID`` or the launcher.
+        rank, local_rank, world_size, node: override what the launcher variables say.
+        data_dir: embedded store directory (default ``$JOBTRACE_DATA_DIR`` or ``./jobtrace-data``).
+        sinks: replace the embedded store with these sinks (e.g. a Loki shipper).
+        level: lowest stdlib logging level captured (default INFO).
+        heartbeat_s: seconds between heartbeats (default ``$JOBTRACE_HEARTBEAT_S`` or 10).
+        stall_dump_s: seconds without progress before the main thread's stack is recorded
+            (default ``$JOBTRACE_STALL_DUMP_S`` or 60).
+        console: prefix console log lines with job, rank, trace and span ids.
+        torch: record torch.distributed collectives and per-step memory when torch is present.
+        otel: set up OpenTelemetry providers and put the job's trace in the current context.
+        strict: raise :class:`ConfigError` when the store cannot be written instead of falling back.
+    """
+    global _active
+    with _lock:
+        if _active is not None:
+            return _active
+        if os.environ.get("JOBTRACE_DISABLE") == "1":
+            sinks = []
+        identity = resolve_identity(
+            job_id=job_id, rank=rank, local_rank=local_rank, world_size=world_size, node=node
+        )
+        factory = _default_sinks(data_dir, strict)
+        chosen = list(sinks) if sinks is not None else factory(identity)
+        _active = Tracing(
+            identity,
+            chosen,
+            level=level,
+            heartbeat_s=heartbeat_s or _env_float("JOBTRACE_HEARTBEAT_S", 10.0),
+            stall_dump_s=stall_dump_s or _env_float("JOBTRACE_STALL_DUMP_S", 60.0),
+            console=console,
+            torch=torch,
+            otel=otel,
+            flush_interval_s=flush_interval_s,
+            sink_factory=factory if sinks is None else None,
+        )
+        return _active
+
+
+def get_tracing() -> Tracing | None:
+    return _active
+
+
+def step(i: int, **attrs: Any) -> Span | _NullSpan:
+    t = _active
+    return t.step(i, **attrs) if t is not None else _NULL_SPAN
+
+
+def phase(name: str, **attrs: Any) -> Span | _NullSpan:
+    t = _active
+    return t.phase(name, **attrs) if t is not None else _NULL_SPAN
+
+
+def span(name: str, **attrs: Any) -> Span | _NullSpan:
+    t = _active
+    return t.span(name, **attrs) if t is not None else _NULL_SPAN
+
+
+def log_metrics(step: int | None = None, **values: Any) -> None:
+    t = _active
+    if t is not None:
+        t.log_metrics(step, **values)

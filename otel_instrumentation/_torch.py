@@ -1,0 +1,157 @@
+"""torch integration: every ``torch.distributed`` collective becomes a span, without user changes.
+
+The public collective functions are wrapped in both ``torch.distributed`` and
+``torch.distributed.distributed_c10d`` (libraries import them from either). Each
+call records op, process group, group size, a per-group sequence number (the same
+number on every rank for the same collective, which is what lets the hang analysis
+match collectives across ranks), payload bytes and the time spent in the call.
+While a rank is inside a collective, :attr:`Recorder.in_collective` says which one,
+so the heartbeat thread can report it even when the main thread is blocked in C++.
+
+For ``async_op=True`` the time is the launch only, and the span says ``async``.
+
+Per step, where CUDA is initialised, ``torch.cuda`` memory counters are recorded
+(they are host-side counters: no device sync); on every platform the process RSS.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from random import getrandbits
+from time import time_ns
+from typing import Any, Callable
+
+from jobtrace.events import COLLECTIVE_OPS, SpanCategory
+
+from ._recorder import _SPAN, Recorder
+
+__all__ = ["instrument_torch", "uninstrument_torch", "memory_hook"]
+
+_PATCHED: dict[tuple[Any, str], Callable[..., Any]] = {}
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _payload_bytes(obj: Any) -> int:
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(o) for o in obj)
+    return 0
+
+
+def _make_wrapper(
+    fn: Callable[..., Any],
+    op: str,
+    rec: Recorder,
+    dist: Any,
+    seqs: dict[Any, int],
+    sizes: dict[Any, tuple[str, int]],
+) -> Callable[..., Any]:
+    """``seqs`` and ``sizes`` are shared by all ops: the sequence number counts per group, across ops."""
+    process_group_type = getattr(dist, "ProcessGroup", ())
+
+    def group_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        group = kwargs.get("group")
+        if group is None:
+            for a in args[1:]:
+                if isinstance(a, process_group_type):
+                    return a
+        return group
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        group = group_of(args, kwargs)
+        key = id(group) if group is not None else None
+        info = sizes.get(key)
+        if info is None:
+            try:
+                size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+                name = getattr(group, "group_name", None) or ("default" if group is None else f"pg{key:x}")
+            except Exception:  # noqa: BLE001 - an uninitialised group still gets recorded
+                size, name = -1, "default" if group is None else "unknown"
+            info = sizes[key] = (str(name), size)
+        seq = seqs.get(key, 0) + 1
+        seqs[key] = seq
+        payload = _payload_bytes(args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list")))
+        stack = rec.stack()
+        parent = stack[-1].span_id if stack else rec.root_span_id
+        t0 = time_ns()
+        rec.in_collective = (op, info[0], seq, t0)
+        error = None
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            t1 = time_ns()
+            rec.in_collective = None
+            attrs = {"op": op, "group": info[0], "group_size": info[1], "seq": seq, "bytes": payload}
+            if kwargs.get("async_op"):
+                attrs["async"] = True
+            if error:
+                attrs["error"] = error
+            rec.emit((_SPAN, getrandbits(64) or 1, parent, op, SpanCategory.COLLECTIVE, t0, t1, rec.step, attrs))
+            rec.last_progress_ns = t1
+
+    wrapper.__jobtrace_wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def instrument_torch(rec: Recorder) -> bool:
+    """Wrap torch.distributed collectives; False when torch.distributed is not available."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+    except Exception:  # noqa: BLE001 - no torch, or a build without distributed
+        return False
+    if not dist.is_available():
+        return False
+    seqs: dict[Any, int] = {}
+    sizes: dict[Any, tuple[str, int]] = {}
+    for op in COLLECTIVE_OPS:
+        original = getattr(c10d, op, None) or getattr(dist, op, None)
+        if original is None:
+            continue
+        original = getattr(original, "__jobtrace_wrapped__", original)
+        wrapper = _make_wrapper(original, op, rec, dist, seqs, sizes)
+        for module in (dist, c10d):
+            if hasattr(module, op):
+                _PATCHED.setdefault((module, op), getattr(module, op))
+                setattr(module, op, wrapper)
+    return True
+
+
+def uninstrument_torch() -> None:
+    for (module, op), original in _PATCHED.items():
+        setattr(module, op, getattr(original, "__jobtrace_wrapped__", original))
+    _PATCHED.clear()
+
+
+def memory_hook(rec: Recorder) -> Callable[[int | None], None]:
+    """A step-end hook recording CUDA memory counters (when initialised) and host RSS."""
+    try:
+        import torch
+
+        cuda = torch.cuda
+    except Exception:  # noqa: BLE001
+        cuda = None
+    statm = "/proc/self/statm"
+    has_statm = os.path.exists(statm)
+
+    def hook(step: int | None) -> None:
+        values: dict[str, Any] = {}
+        if has_statm:
+            with open(statm, "rb") as fh:
+                values["rss_bytes"] = int(fh.read().split()[1]) * _PAGE
+        if cuda is not None and cuda.is_initialized():
+            dev = cuda.current_device()
+            values["cuda_allocated_bytes"] = cuda.memory_allocated(dev)
+            values["cuda_reserved_bytes"] = cuda.memory_reserved(dev)
+            values["cuda_max_allocated_bytes"] = cuda.max_memory_allocated(dev)
+        if values:
+            rec.metrics(step, values)
+
+    return hook

@@ -1,0 +1,201 @@
+"""The one batching engine behind every sink: hot-path append, background export.
+
+Constraints that shape it:
+
+* ``emit`` runs on the training thread. It appends to a deque (atomic under the
+  GIL), maybe sets an Event, and returns: no lock, no I/O, no logging.
+* The queue is bounded. When it is full (the sinks cannot keep up) the item is
+  encoded and appended to an *overflow spill file* by the caller: a page-cache
+  write, the only rare path that costs a syscall, chosen over dropping events
+  (nothing may be lost) and over blocking (training must not stall). The worker
+  drains the spill file back in order after the queue.
+* One named daemon thread exports batches to every sink when a batch is full or
+  ``flush_interval_s`` elapsed. A sink that raises is counted and logged once per
+  kind of error; it never takes the worker down.
+* ``force_flush`` and ``shutdown`` share the export lock with the worker, so a
+  flush returns only after everything emitted before it reached the sinks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Generic, Protocol, Sequence, TypeVar
+
+__all__ = ["BatchWorker", "Sink", "WorkerStats"]
+
+T = TypeVar("T")
+
+_log = logging.getLogger("jobtrace.export")
+
+
+class Sink(Protocol):
+    """Where encoded event lines go. Runs on the export thread only."""
+
+    def write(self, lines: Sequence[bytes]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class WorkerStats:
+    """Counters a user can read (``Tracing.stats()``) to see that nothing was lost."""
+
+    exported: int = 0
+    spilled: int = 0
+    encode_errors: int = 0
+    sink_errors: dict[str, int] = field(default_factory=dict)
+
+
+class BatchWorker(Generic[T]):
+    """Moves items from the calling thread to sinks in batches, on one thread."""
+
+    def __init__(
+        self,
+        encode_batch: Callable[[list[T]], list[bytes]],
+        sinks: Sequence[Sink],
+        *,
+        max_queue: int = 200_000,
+        batch_size: int = 4096,
+        flush_interval_s: float = 1.0,
+        spill_path: str | None = None,
+        name: str = "jobtrace-export",
+    ) -> None:
+        self._encode_batch = encode_batch
+        self._sinks = list(sinks)
+        self._max_queue = max_queue
+        self._batch_size = batch_size
+        self._interval = flush_interval_s
+        self._queue: collections.deque[T] = collections.deque()
+        self._wake = threading.Event()
+        self._export_lock = threading.Lock()
+        self._spill_lock = threading.Lock()
+        self._spill_path = spill_path
+        self._spill_fd: int | None = None
+        self._shutdown = False
+        self._reported: set[str] = set()
+        self.stats = WorkerStats()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- calling thread -------------------------------------------------------
+    def emit(self, item: T) -> None:
+        q = self._queue
+        if len(q) < self._max_queue:
+            q.append(item)
+            if len(q) >= self._batch_size:
+                self._wake.set()
+        else:
+            self._spill(item)
+
+    def _spill(self, item: T) -> None:
+        try:
+            lines = self._encode_batch([item])
+        except Exception:  # noqa: BLE001 - counted, never raised into training code
+            self.stats.encode_errors += 1
+            return
+        with self._spill_lock:
+            if self._spill_fd is None:
+                path = self._spill_path or f"/tmp/jobtrace-spill-{os.getpid()}.jsonl"
+                self._spill_path = path
+                self._spill_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.write(self._spill_fd, b"".join(lines))
+            self.stats.spilled += 1
+        self._wake.set()
+
+    # ---- export thread ----------------------------------------------------------
+    def _run(self) -> None:
+        while not self._shutdown:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            self._export_all()
+        self._export_all()
+
+    def _export_all(self) -> None:
+        with self._export_lock:
+            q = self._queue
+            while q:
+                n = min(len(q), self._batch_size)
+                batch = [q.popleft() for _ in range(n)]
+                self._export(batch)
+            self._drain_spill()
+            for sink in self._sinks:
+                self._guard(sink, "flush", sink.flush)
+
+    def _export(self, batch: list[T]) -> None:
+        try:
+            lines = self._encode_batch(batch)
+        except Exception as exc:  # noqa: BLE001
+            self.stats.encode_errors += len(batch)
+            self._report_once("encode", exc)
+            return
+        self._write(lines)
+
+    def _write(self, lines: list[bytes]) -> None:
+        for sink in self._sinks:
+            self._guard(sink, "write", lambda s=sink: s.write(lines))
+        self.stats.exported += len(lines)
+
+    def _drain_spill(self) -> None:
+        with self._spill_lock:
+            if self._spill_fd is None or self._spill_path is None:
+                return
+            with open(self._spill_path, "rb") as fh:
+                data = fh.read()
+            os.ftruncate(self._spill_fd, 0)
+        if data:
+            self._write(data.splitlines(keepends=True))
+
+    def _guard(self, sink: Sink, what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a sink must never kill the worker
+            key = f"{type(sink).__name__}.{what}"
+            self.stats.sink_errors[key] = self.stats.sink_errors.get(key, 0) + 1
+            self._report_once(key, exc)
+
+    def _report_once(self, key: str, exc: BaseException) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            _log.warning("jobtrace: %s failed: %s (further errors counted, not logged)", key, exc)
+
+    # ---- control ------------------------------------------------------------------
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        """Export everything emitted so far; True when it finished within the timeout."""
+        if self._shutdown and not self._thread.is_alive():
+            return True
+        done = self._export_lock.acquire(timeout=timeout_s)
+        if done:
+            self._export_lock.release()
+            self._export_all()
+        return done
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            # The worker is stuck in a slow sink; still make our own attempt.
+            self.force_flush(max(0.0, deadline - time.monotonic()))
+        for sink in self._sinks:
+            self._guard(sink, "close", sink.close)
+        if self._spill_fd is not None:
+            os.close(self._spill_fd)
+            self._spill_fd = None
+            if self._spill_path and os.path.exists(self._spill_path):
+                if os.path.getsize(self._spill_path) == 0:
+                    os.unlink(self._spill_path)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)

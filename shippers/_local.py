@@ -1,0 +1,69 @@
+"""The embedded store: one append-only JSON-lines file per process under the job directory.
+
+Why this shape:
+
+* One file per process (``<node>.r<rank>.p<pid>.jsonl``) means ranks never share a
+  file, so no locking is needed even on NFS/Lustre where ``O_APPEND`` is not
+  atomic across clients, and a restarted rank (new pid) never interleaves with its
+  earlier life.
+* Each batch goes out as whole lines in ``os.write`` calls on an ``O_APPEND``
+  descriptor. A crash can only tear the *last* line of a file; readers skip a line
+  that does not end in a newline and count it (see :mod:`queries`).
+* ``fsync`` is not called per batch (that would cost milliseconds on shared file
+  systems); it is called on flush at shutdown so a clean exit is durable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from jobtrace.errors import StoreError
+
+__all__ = ["LocalStoreSink", "job_dir", "DEFAULT_DATA_DIR"]
+
+DEFAULT_DATA_DIR = "jobtrace-data"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+
+
+def _safe(part: str) -> str:
+    """A path component that cannot escape the data directory."""
+    cleaned = _UNSAFE.sub("_", part).lstrip(".")
+    return cleaned or "_"
+
+
+def job_dir(data_dir: str | os.PathLike[str], job_id: str) -> Path:
+    return Path(data_dir) / _safe(job_id)
+
+
+class LocalStoreSink:
+    """Appends encoded event lines to this process's file in the job directory."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], job_id: str, node: str, rank: int, pid: int) -> None:
+        self.dir = job_dir(data_dir, job_id)
+        self.path = self.dir / f"{_safe(node)}.r{rank}.p{pid}.jsonl"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot write the embedded store at {self.path}: {exc.strerror}") from exc
+
+    def write(self, lines: Sequence[bytes]) -> None:
+        view = memoryview(b"".join(lines))
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+
+    def flush(self) -> None:
+        """Data is in the page cache after ``write``; nothing is buffered in Python."""
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.fsync(self._fd)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = -1

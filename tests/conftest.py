@@ -1,0 +1,51 @@
+"""Shared fixtures. Real servers come from tests/servers (VictoriaLogs, OpenSearch)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest_plugins: list[str] = []  # tests.servers.fixtures is added with the servers harness
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tracing(tmp_path, monkeypatch):
+    """A live ``init_tracing`` for this test, writing to a temporary store; shut down afterwards."""
+    import otel_instrumentation as oi
+
+    for var in [v for v in os.environ if v.startswith(("JOBTRACE_", "SLURM_", "OMPI_", "PMI_")) or v in
+                ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TRACEPARENT")]:
+        monkeypatch.delenv(var, raising=False)
+    t = oi.init_tracing("test-job", data_dir=str(tmp_path), heartbeat_s=0.2, torch=False)
+    yield t
+    t.shutdown()
+
+
+def read_events(directory: Path) -> list[dict]:
+    """Every complete event line in a job directory, as dicts."""
+    import orjson
+
+    out = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_bytes().splitlines(keepends=True):
+            if line.endswith(b"\n"):
+                out.append(orjson.loads(line))
+    return out
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """Environment for a child Python process with launcher variables removed."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JOBTRACE_", "SLURM_", "OMPI_", "PMI_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TRACEPARENT")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable
