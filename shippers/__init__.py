@@ -1,12 +1,44 @@
 """Moving events out of the training process: one batching engine, many sinks.
 
-The embedded store (:class:`LocalStoreSink`) is the default sink; the Loki and
-Elasticsearch shippers plug into the same :class:`BatchWorker`.
+The embedded store (:class:`LocalStoreSink`) is the default sink. Network shippers
+are a :class:`SpoolingSender` (disk spool, retry policy, dead-letter file, one
+sender thread) around a backend-specific :class:`Encoder` and a :class:`Transport`.
 """
 
 from __future__ import annotations
 
 from ._batch import BatchWorker, Sink, WorkerStats
 from ._local import LocalStoreSink, job_dir
+from ._sender import Encoder, Outcome, SenderStats, SpoolingSender
+from ._spool import Batch, DeadLetter, Spool
+from ._transport import (
+    HttpConfig,
+    InMemoryTransport,
+    Request,
+    RequestsTransport,
+    Response,
+    RetryPolicy,
+    Transport,
+)
 
-__all__ = ["BatchWorker", "LocalStoreSink", "Sink", "WorkerStats", "job_dir"]
+__all__ = [
+    "Batch",
+    "BatchWorker",
+    "DeadLetter",
+    "Encoder",
+    "HttpConfig",
+    "InMemoryTransport",
+    "LocalStoreSink",
+    "Outcome",
+    "Request",
+    "RequestsTransport",
+    "Response",
+    "RetryPolicy",
+    "SenderStats",
+    "Sink",
+    "Spool",
+    "SpoolingSender",
+    "Transport",
+    "WorkerStats",
+    "job_dir",
+]

@@ -1,0 +1,227 @@
+"""HTTP transport and retry policy shared by every network shipper.
+
+The transport is the test seam (as in httpx): shippers call ``send(Request)`` and
+get a ``Response`` or a :class:`BackendUnavailable`; nothing above this module sees
+a ``requests`` exception. :class:`InMemoryTransport` turns a function into a server
+for unit tests; integration tests use real servers.
+
+Secrets (passwords, tokens, API keys) come from :class:`HttpConfig`, which reads
+the environment or a config file, and are never part of a ``repr``, a log line or
+an error message.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Callable, Mapping, Protocol
+
+from jobtrace.errors import BackendUnavailable, ConfigError
+
+__all__ = [
+    "HttpConfig",
+    "InMemoryTransport",
+    "Request",
+    "RequestsTransport",
+    "Response",
+    "RetryPolicy",
+    "Transport",
+]
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    url: str
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def header(self, name: str) -> str | None:
+        lname = name.lower()
+        for k, v in self.headers.items():
+            if k.lower() == lname:
+                return v
+        return None
+
+
+class Transport(Protocol):
+    def send(self, request: Request, timeout_s: float) -> Response: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, repr=False)
+class HttpConfig:
+    """Where and how to connect. Build it with :meth:`from_env` to keep secrets out of code.
+
+    ``verify`` is on by default; ``ca_file`` adds a private CA; ``client_cert``/
+    ``client_key`` enable mutual TLS.
+    """
+
+    url: str
+    username: str | None = None
+    password: str | None = None
+    bearer_token: str | None = None
+    api_key: str | None = None
+    tenant: str | None = None
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+    verify: bool = True
+    timeout_s: float = 10.0
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{k}={'***' if k in ('password', 'bearer_token', 'api_key') and v else v!r}"
+            for k, v in self.__dict__.items()
+        )
+        return f"HttpConfig({shown})"
+
+    @classmethod
+    def from_env(cls, prefix: str, url: str | None = None, **overrides: object) -> HttpConfig:
+        """Read ``<PREFIX>_URL``, ``_USERNAME``, ``_PASSWORD``, ``_TOKEN``, ``_API_KEY``, ``_TENANT``,
+        ``_CA_FILE``, ``_CLIENT_CERT``, ``_CLIENT_KEY``, ``_INSECURE``; ``_PASSWORD_FILE`` /
+        ``_TOKEN_FILE`` / ``_API_KEY_FILE`` read a secret from a file (Docker/K8s secrets)."""
+        env = os.environ
+
+        def secret(name: str) -> str | None:
+            path = env.get(f"{prefix}_{name}_FILE")
+            if path:
+                try:
+                    with open(path, encoding="utf-8") as fh:
+                        return fh.read().strip()
+                except OSError as exc:
+                    raise ConfigError(f"cannot read {prefix}_{name}_FILE: {exc.strerror}") from None
+            return env.get(f"{prefix}_{name}")
+
+        chosen = url or env.get(f"{prefix}_URL")
+        if not chosen:
+            raise ConfigError(f"no URL: pass one or set {prefix}_URL")
+        values: dict[str, object] = dict(
+            url=chosen.rstrip("/"),
+            username=env.get(f"{prefix}_USERNAME"),
+            password=secret("PASSWORD"),
+            bearer_token=secret("TOKEN"),
+            api_key=secret("API_KEY"),
+            tenant=env.get(f"{prefix}_TENANT"),
+            ca_file=env.get(f"{prefix}_CA_FILE"),
+            client_cert=env.get(f"{prefix}_CLIENT_CERT"),
+            client_key=env.get(f"{prefix}_CLIENT_KEY"),
+            verify=env.get(f"{prefix}_INSECURE", "") not in ("1", "true", "yes"),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+    def auth_headers(self) -> dict[str, str]:
+        import base64
+
+        headers: dict[str, str] = {}
+        if self.bearer_token:
+            headers["Authorization"] = f"Bearer {self.bearer_token}"
+        elif self.api_key:
+            headers["Authorization"] = f"ApiKey {self.api_key}"
+        elif self.username is not None:
+            token = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        return headers
+
+
+class RequestsTransport:
+    """A pooled ``requests`` session with TLS settings; connection errors become BackendUnavailable."""
+
+    def __init__(self, config: HttpConfig) -> None:
+        import requests
+
+        self._requests = requests
+        self._session = requests.Session()
+        self._session.headers.update(config.auth_headers())
+        self._session.headers.update(config.extra_headers)
+        self._session.verify = config.ca_file if (config.verify and config.ca_file) else config.verify
+        if config.client_cert:
+            self._session.cert = (config.client_cert, config.client_key) if config.client_key else config.client_cert
+        self._session.trust_env = False  # a proxy from the environment must not capture training telemetry
+
+    def send(self, request: Request, timeout_s: float) -> Response:
+        try:
+            r = self._session.request(request.method, request.url, data=request.body or None,
+                                      headers=dict(request.headers), timeout=timeout_s)
+        except self._requests.RequestException as exc:
+            # The exception text can contain the URL but never our headers; keep only its class and reason.
+            raise BackendUnavailable(f"{request.method} {_strip_userinfo(request.url)}: {type(exc).__name__}") from None
+        return Response(r.status_code, r.content, dict(r.headers))
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _strip_userinfo(url: str) -> str:
+    """The URL as it may appear in an error: credentials in it are masked."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+class InMemoryTransport:
+    """A function as a server: ``InMemoryTransport(lambda req: Response(204))``. For unit tests."""
+
+    def __init__(self, handler: Callable[[Request], Response]) -> None:
+        self.handler = handler
+        self.requests: list[Request] = []
+
+    def send(self, request: Request, timeout_s: float) -> Response:
+        self.requests.append(request)
+        return self.handler(request)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how long to wait before sending again. There is no give-up: data stays spooled."""
+
+    retry_statuses: frozenset[int] = frozenset({408, 425, 429, 500, 502, 503, 504})
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def retryable(self, status: int | None) -> bool:
+        return status is None or status in self.retry_statuses
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before try ``attempt + 1``; ``Retry-After`` wins when the server sent one."""
+        if retry_after:
+            hinted = _parse_retry_after(retry_after)
+            if hinted is not None:
+                return min(max(hinted, 0.0), self.max_s * 4)
+        base = min(self.max_s, self.initial_s * self.multiplier**attempt)
+        return base * (1 + random.uniform(-self.jitter, self.jitter))
+
+
+def _parse_retry_after(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        import time
+
+        return parsedate_to_datetime(value).timestamp() - time.time()
+    except (TypeError, ValueError):
+        return None
