@@ -50,21 +50,27 @@ def _fail(console: Console, exc: Exception) -> None:
 
 @click.command(name="trace-job", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job_id")
-@click.option("--backend", type=click.Choice(["local"]), default="local", show_default=True,
-              help="Where the job's events are.")
+@click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
+              show_default=True, envvar="JOBTRACE_BACKEND", help="Where the job's events are.")
+@click.option("--url", default=None, help="Backend URL (default from JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
+@click.option("--since", default=None, help="Start of the time range for servers: 90m, 7d, RFC 3339 (default 7d).")
+@click.option("--until", default=None, help="End of the time range for servers (default now).")
 @click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
               help="Embedded store directory (local backend).")
 @_analysis_options
-def trace_job(job_id: str, backend: str, data_dir: str, stall_s: float, slow_factor: float, as_json: bool) -> None:
+def trace_job(job_id: str, backend: str, url: str | None, since: str | None, until: str | None, data_dir: str,
+              stall_s: float, slow_factor: float, as_json: bool) -> None:
     """Rebuild JOB_ID's timeline and name the slow or stalled rank.
 
     Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error.
     """
-    from queries import AnalysisConfig, analyze, load_local
+    from queries import AnalysisConfig, analyze
+    from queries._backends import TimeRange, load_job
 
     console = Console(stderr=False)
     try:
-        job = load_local(data_dir, job_id)
+        rng = TimeRange.parse(since, until) if backend != "local" else None
+        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
         report = analyze(job, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor))
     except JobtraceError as exc:
         _fail(Console(stderr=True), exc)

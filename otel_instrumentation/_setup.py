@@ -311,22 +311,39 @@ def _torch_importable() -> bool:
 
 def _default_sinks(data_dir: str | None, strict: bool) -> Callable[[Identity], list[Sink]]:
     def build(ident: Identity) -> list[Sink]:
+        from shippers._local import job_dir
+        from shippers._registry import ProcessInfo, local_store_enabled, network_sinks_from_env
+
         target = data_dir or os.environ.get("JOBTRACE_DATA_DIR") or DEFAULT_DATA_DIR
+        network: list[Sink] = []
         try:
-            return [LocalStoreSink(target, ident.job_id, ident.node, ident.rank, ident.pid)]
-        except StoreError as exc:
+            info = ProcessInfo(ident.job_id, ident.node, ident.rank, ident.pid, job_dir(target, ident.job_id) / ".spool")
+            network = network_sinks_from_env(info)
+        except Exception as exc:  # noqa: BLE001 - a bad server config must not stop training
             if strict:
-                raise ConfigError(str(exc)) from exc
-            fallback = os.path.join(tempfile.gettempdir(), "jobtrace-data")
-            try:
-                sink = LocalStoreSink(fallback, ident.job_id, ident.node, ident.rank, ident.pid)
-            except StoreError as exc2:
-                _stderr(f"{exc}; fallback failed too ({exc2}). Training continues, events are NOT stored.")
-                return []
-            _stderr(f"{exc}; writing to {sink.path} instead. Training continues.")
-            return [sink]
+                raise ConfigError(f"cannot set up a log shipper: {exc}") from exc
+            _stderr(f"cannot set up a log shipper: {exc}; continuing with the embedded store")
+        if network and not local_store_enabled():
+            return network
+        return _local_sink(target, ident, strict) + network
 
     return build
+
+
+def _local_sink(target: str, ident: Identity, strict: bool) -> list[Sink]:
+    try:
+        return [LocalStoreSink(target, ident.job_id, ident.node, ident.rank, ident.pid)]
+    except StoreError as exc:
+        if strict:
+            raise ConfigError(str(exc)) from exc
+        fallback = os.path.join(tempfile.gettempdir(), "jobtrace-data")
+        try:
+            sink = LocalStoreSink(fallback, ident.job_id, ident.node, ident.rank, ident.pid)
+        except StoreError as exc2:
+            _stderr(f"{exc}; fallback failed too ({exc2}). Training continues, events are NOT stored.")
+            return []
+        _stderr(f"{exc}; writing to {sink.path} instead. Training continues.")
+        return [sink]
 
 
 def init_tracing(

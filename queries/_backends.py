@@ -1,0 +1,80 @@
+"""Where ``trace-job`` reads a job from. Every backend ends in the same DuckDB ``events`` table.
+
+Backends other than the embedded store are imported lazily so that a user who only
+uses one of them needs only that extra installed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jobtrace.errors import ConfigError
+
+from ._store import JobData, load_local
+
+__all__ = ["BACKENDS", "TimeRange", "load_job", "parse_time"]
+
+BACKENDS = ("local", "loki", "victorialogs", "elasticsearch")
+
+_REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(value: str | None, now_ns: int) -> int | None:
+    """``None``, a relative age (``90m``, ``7d``), RFC 3339, or epoch seconds/ns → Unix ns."""
+    if value is None or value == "":
+        return None
+    if value == "now":
+        return now_ns
+    m = _REL.match(value)
+    if m:
+        return now_ns - int(float(m.group(1)) * _UNIT[m.group(2)] * 1e9)
+    if value.isdigit():
+        n = int(value)
+        return n if n > 10**15 else n * 10**9
+    from datetime import datetime
+
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"cannot read time {value!r}: use 90m, 7d, RFC 3339 or epoch seconds") from None
+    return int(dt.timestamp() * 1e9)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    start_ns: int
+    end_ns: int
+
+    @classmethod
+    def parse(cls, since: str | None, until: str | None) -> TimeRange:
+        now = time.time_ns()
+        start = parse_time(since, now) or now - 7 * 86400 * 10**9
+        end = parse_time(until, now) or now
+        if start >= end:
+            raise ConfigError("--since must be before --until")
+        return cls(start, end)
+
+
+def load_job(backend: str, job_id: str, *, data_dir: str = "jobtrace-data", url: str | None = None,
+             time_range: TimeRange | None = None, **options: Any) -> JobData:
+    """Load ``job_id``'s events from ``backend`` into DuckDB."""
+    if backend == "local":
+        return load_local(data_dir, job_id)
+    rng = time_range or TimeRange.parse(None, None)
+    if backend == "loki":
+        from ._loki import load_loki
+
+        return load_loki(job_id, url=url, time_range=rng, **options)
+    if backend == "victorialogs":
+        from ._victorialogs import load_victorialogs
+
+        return load_victorialogs(job_id, url=url, time_range=rng, **options)
+    if backend == "elasticsearch":
+        from ._elasticsearch import load_elasticsearch
+
+        return load_elasticsearch(job_id, url=url, time_range=rng, **options)
+    raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
