@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins: list[str] = []  # tests.servers.fixtures is added with the servers harness
+pytest_plugins = ["tests.servers.fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def read_events(directory: Path) -> list[dict]:
 def python_env(**extra: str) -> dict[str, str]:
     """Environment for a child Python process with launcher variables removed."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JOBTRACE_", "SLURM_", "OMPI_", "PMI_"))
+           if not (k.startswith(("JOBTRACE_", "SLURM_", "OMPI_", "PMI_")) and k != "JOBTRACE_SERVERS_CACHE")
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TRACEPARENT")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)

@@ -1,0 +1,115 @@
+"""Pytest plugin: real-server fixtures. Register with ``pytest_plugins = ["tests.servers.fixtures"]``.
+
+Fixtures:
+
+* ``victorialogs``, ``opensearch`` (session): one started server each for the whole run.
+  Do not stop them in a test; use the private ones for that.
+* ``private_victorialogs``, ``private_opensearch`` (function): a fresh server with its own
+  data, for tests that stop, kill or restart it.
+* ``fault_proxy`` (function): factory ``fault_proxy(server) -> FaultProxy``; all are
+  stopped after the test.
+
+Why the skip rules are strict: a missing server must not silently turn integration
+tests into passes. Without ``--skip-servers`` (or ``JOBTRACE_SKIP_SERVERS=1``) a server
+that cannot be built or started is a fixture ERROR with the build/start log in it.
+With the flag, tests using these fixtures are skipped with a reason. When ``CI=true``
+the flag is ignored: servers are mandatory in CI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .base import ManagedServer
+from .opensearch_server import OpenSearchServer
+from .proxy import FaultProxy, HasAddress
+from .victorialogs_server import VictoriaLogsServer
+
+SERVER_FIXTURES = {"victorialogs", "opensearch", "private_victorialogs", "private_opensearch"}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def _skip_requested(config: pytest.Config) -> bool:
+    return bool(config.getoption("skip_servers")) or os.environ.get("JOBTRACE_SKIP_SERVERS", "") in ("1", "true")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("jobtrace servers").addoption(
+        "--skip-servers", action="store_true", default=False, dest="skip_servers",
+        help="skip tests that need the real VictoriaLogs/OpenSearch servers "
+             "(same as JOBTRACE_SKIP_SERVERS=1; ignored when CI=true)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "servers: needs the real VictoriaLogs/OpenSearch test servers")
+    if _in_ci() and _skip_requested(config):
+        config.issue_config_time_warning(
+            pytest.PytestConfigWarning("--skip-servers/JOBTRACE_SKIP_SERVERS ignored: CI=true"), stacklevel=2)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses a server fixture, so ``-m "not servers"`` deselects them."""
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
+
+def _maybe_skip(config: pytest.Config, name: str) -> None:
+    if _skip_requested(config) and not _in_ci():
+        pytest.skip(f"{name}: real test servers skipped by --skip-servers / JOBTRACE_SKIP_SERVERS=1")
+
+
+def _serve(config: pytest.Config, cls: type[ManagedServer]) -> Iterator[Any]:
+    _maybe_skip(config, cls.name)
+    server = cls()
+    try:
+        server.start()  # raises ServerError (with the log tail): the fixture errors loudly
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def victorialogs(request: pytest.FixtureRequest) -> Iterator[VictoriaLogsServer]:
+    """Session VictoriaLogs: ``.loki_push_url``, ``.es_bulk_url``, ``.query(logsql)``."""
+    yield from _serve(request.config, VictoriaLogsServer)
+
+
+@pytest.fixture(scope="session")
+def opensearch(request: pytest.FixtureRequest) -> Iterator[OpenSearchServer]:
+    """Session OpenSearch 2.19 node: ``.url``, ``.bulk(...)``, ``.search(index, body)``."""
+    yield from _serve(request.config, OpenSearchServer)
+
+
+@pytest.fixture
+def private_victorialogs(request: pytest.FixtureRequest) -> Iterator[VictoriaLogsServer]:
+    """A VictoriaLogs of this test's own, free to stop, kill and restart."""
+    yield from _serve(request.config, VictoriaLogsServer)
+
+
+@pytest.fixture
+def private_opensearch(request: pytest.FixtureRequest) -> Iterator[OpenSearchServer]:
+    """An OpenSearch node of this test's own (about 4 s to start), free to stop and restart."""
+    yield from _serve(request.config, OpenSearchServer)
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[..., FaultProxy]]:
+    """Factory: ``proxy = fault_proxy(server_or_(host, port), **kw)``; started, stopped after the test."""
+    made: list[FaultProxy] = []
+
+    def make(upstream: HasAddress | tuple[str, int], **kw: Any) -> FaultProxy:
+        proxy = FaultProxy(upstream, **kw).start()
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.stop()
