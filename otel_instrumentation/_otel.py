@@ -20,13 +20,13 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from jobtrace.events import SpanCategory
 
+from ._identity import Identity
 from ._recorder import _SPAN, Recorder
 
 __all__ = ["install_otel", "resource_for"]
 
 
-def resource_for(rec: Recorder) -> Resource:
-    ident = rec.identity
+def resource_for(ident: Identity) -> Resource:
     return Resource.create(
         {
             "service.name": os.environ.get("OTEL_SERVICE_NAME", "training"),
@@ -72,7 +72,7 @@ def install_otel(rec: Recorder) -> Callable[[], None]:
     if isinstance(current, TracerProvider):
         provider = current  # the user configured one; add our processor to it
     else:
-        provider = TracerProvider(resource=resource_for(rec))
+        provider = TracerProvider(resource=resource_for(rec.identity))
         trace.set_tracer_provider(provider)
     processor = _RecordSpans(rec)
     provider.add_span_processor(processor)
@@ -81,7 +81,7 @@ def install_otel(rec: Recorder) -> Callable[[], None]:
         from opentelemetry.sdk._logs import LoggerProvider
 
         if not isinstance(get_logger_provider(), LoggerProvider):
-            set_logger_provider(LoggerProvider(resource=resource_for(rec)))
+            set_logger_provider(LoggerProvider(resource=resource_for(rec.identity)))
     except ImportError:  # the logs SDK moved between releases; tracing works without it
         pass
 

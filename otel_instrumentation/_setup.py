@@ -323,11 +323,27 @@ def _default_sinks(data_dir: str | None, strict: bool) -> Callable[[Identity], l
             if strict:
                 raise ConfigError(f"cannot set up a log shipper: {exc}") from exc
             _stderr(f"cannot set up a log shipper: {exc}; continuing with the embedded store")
+        network += _otlp_sinks(ident)
         if network and not local_store_enabled():
             return network
         return _local_sink(target, ident, strict) + network
 
     return build
+
+
+def _otlp_sinks(ident: Identity) -> list[Sink]:
+    """Spans to a trace store when an OTLP endpoint is configured the standard OpenTelemetry way."""
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return []
+    try:
+        from shippers._otlp import OtlpSpanSink
+
+        from ._otel import resource_for
+
+        return [OtlpSpanSink(resource_for(ident))]
+    except ImportError as exc:
+        _stderr(f"OTLP endpoint set but the exporter is missing ({exc}): pip install 'jobtrace[otlp]'")
+        return []
 
 
 def _local_sink(target: str, ident: Identity, strict: bool) -> list[Sink]:

@@ -1,0 +1,232 @@
+"""What jobtrace costs a training process, beside the baselines, in one run.
+
+    python benchmarks/bench_overhead.py [--records 200000] [--repeat 5]
+
+Each case runs in a fresh subprocess (logging and OpenTelemetry are process-global)
+and reports the median over ``--repeat`` runs:
+
+* calling-thread cost of ``logger.info("step %d loss %.4f", i, x)`` with: a
+  ``NullHandler`` (the floor: record creation alone), a ``FileHandler``,
+  OpenTelemetry's logging bridge with a ``BatchLogRecordProcessor``, and jobtrace;
+* total CPU per record, background threads included (process CPU time / records);
+* a step span (``with oi.step(i):``) and an OpenTelemetry SDK span for comparison;
+* one collective record: ``all_reduce`` of a 4-byte tensor on a 1-rank gloo group,
+  instrumented minus plain;
+* a demo training step (the demo's MLP, forward/backward/optimizer with phases)
+  with and without jobtrace.
+
+Prints figures and the ratios the project's goals are stated in; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PRELUDE = """
+import json, logging, os, sys, tempfile, time
+sys.path.insert(0, {root!r})
+N = {n}
+log = logging.getLogger("bench")
+log.setLevel(logging.INFO)
+log.propagate = False
+def measure(fn):
+    cpu0 = time.process_time(); t0 = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    return wall, cpu0
+def records():
+    x = 0.5
+    for i in range(N):
+        log.info("step %d loss %.4f", i, x)
+"""
+
+CASES: dict[str, str] = {
+    "null": """
+log.addHandler(logging.NullHandler())
+wall, cpu0 = measure(records)
+print(json.dumps({"call_us": wall / N * 1e6, "cpu_us": (time.process_time() - cpu0) / N * 1e6}))
+""",
+    "file": """
+d = tempfile.mkdtemp()
+h = logging.FileHandler(os.path.join(d, "f.log"))
+h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+log.addHandler(h)
+wall, cpu0 = measure(records)
+h.close()
+print(json.dumps({"call_us": wall / N * 1e6, "cpu_us": (time.process_time() - cpu0) / N * 1e6}))
+""",
+    "otel_bridge": """
+from opentelemetry.sdk._logs import LoggerProvider, LoggingHandler
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+try:
+    from opentelemetry.sdk._logs.export import LogRecordExporter as _Exp, LogRecordExportResult as _Res
+except ImportError:
+    from opentelemetry.sdk._logs.export import LogExporter as _Exp, LogExportResult as _Res
+class Discard(_Exp):
+    def export(self, batch):
+        return _Res.SUCCESS
+    def shutdown(self):
+        pass
+provider = LoggerProvider()
+provider.add_log_record_processor(BatchLogRecordProcessor(Discard(), max_queue_size=N + 10))
+import warnings; warnings.simplefilter("ignore")
+log.addHandler(LoggingHandler(logger_provider=provider))
+wall, cpu0 = measure(records)
+provider.force_flush(); provider.shutdown()
+print(json.dumps({"call_us": wall / N * 1e6, "cpu_us": (time.process_time() - cpu0) / N * 1e6}))
+""",
+    "jobtrace": """
+import otel_instrumentation as oi
+t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), torch=False, console=False)
+log.propagate = True
+wall, cpu0 = measure(records)
+t.force_flush(60)
+cpu = time.process_time() - cpu0
+t.shutdown()
+assert t.worker.stats.exported >= N, t.worker.stats
+print(json.dumps({"call_us": wall / N * 1e6, "cpu_us": cpu / N * 1e6, "spilled": t.worker.stats.spilled}))
+""",
+    "spans": """
+import otel_instrumentation as oi
+t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), torch=False, console=False)
+M = N // 4
+t0 = time.perf_counter()
+for i in range(M):
+    with oi.step(i):
+        pass
+ours = (time.perf_counter() - t0) / M * 1e6
+t0 = time.perf_counter()
+for i in range(M):
+    with oi.phase("forward"):
+        pass
+phase = (time.perf_counter() - t0) / M * 1e6
+t.shutdown()
+from opentelemetry import trace
+tracer = trace.get_tracer("bench")
+t0 = time.perf_counter()
+for i in range(M):
+    with tracer.start_as_current_span("step"):
+        pass
+otel = (time.perf_counter() - t0) / M * 1e6
+print(json.dumps({"step_span_us": ours, "phase_span_us": phase, "otel_span_us": otel}))
+""",
+    "collective": """
+import torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 300))
+dist.init_process_group("gloo", rank=0, world_size=1)
+x = torch.zeros(1)
+M = min(N // 10, 20000)
+def loop():
+    t0 = time.perf_counter()
+    for _ in range(M):
+        dist.all_reduce(x)
+    return (time.perf_counter() - t0) / M * 1e6
+for _ in range(2000): dist.all_reduce(x)
+plain = min(loop() for _ in range(3))
+import otel_instrumentation as oi
+t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), console=False)
+for _ in range(2000): dist.all_reduce(x)
+traced = min(loop() for _ in range(3))
+t.shutdown()
+print(json.dumps({"plain_us": plain, "traced_us": traced, "record_us": traced - plain}))
+""",
+    "demo_step": """
+import torch
+torch.manual_seed(0); torch.set_num_threads(1)
+TRACE = {trace}
+if TRACE:
+    import otel_instrumentation as oi
+    t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), console=False)
+    step, phase, metrics = oi.step, oi.phase, oi.log_metrics
+else:
+    import contextlib
+    step = phase = lambda *a, **k: contextlib.nullcontext()
+    metrics = lambda *a, **k: None
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 64); y = torch.randn(32, 1)
+times = []
+for i in range(1500):
+    t0 = time.perf_counter()
+    with step(i):
+        with phase("data"):
+            xb = x + 0
+        with phase("forward"):
+            loss = torch.nn.functional.mse_loss(model(xb), y)
+        with phase("backward"):
+            opt.zero_grad(); loss.backward()
+        with phase("optimizer"):
+            opt.step()
+    metrics(i, loss=loss)
+    log.info("step %d loss %.4f", i, float(loss))
+    times.append(time.perf_counter() - t0)
+times = sorted(times[300:])
+print(json.dumps({"step_us": times[len(times) // 2] * 1e6}))
+""",
+}
+
+
+def run_case(name: str, n: int, **fmt: object) -> dict[str, float]:
+    code = textwrap.dedent(PRELUDE.format(root=str(ROOT), n=n)) + textwrap.dedent(CASES[name].format(**fmt) if fmt else CASES[name])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"case {name} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_of(name: str, n: int, repeat: int, **fmt: object) -> dict[str, float]:
+    runs = [run_case(name, n, **fmt) for _ in range(repeat)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--records", type=int, default=200_000)
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args()
+    n, rep = args.records, args.repeat
+
+    res = {name: median_of(name, n, rep) for name in ("null", "file", "otel_bridge", "jobtrace")}
+    spans = median_of("spans", n, rep)
+    coll = median_of("collective", n, rep)
+    plain = median_of("demo_step", n, rep, trace=False)
+    traced = median_of("demo_step", n, rep, trace=True)
+
+    floor = res["null"]["call_us"]
+    print(f"records per run: {n}, runs per case: {rep} (medians)\n")
+    print(f"{'logger.info() with':<28}{'calling thread':>16}{'total CPU':>12}{'x floor':>10}")
+    for name, label in (("null", "NullHandler (floor)"), ("file", "FileHandler"),
+                        ("otel_bridge", "OTel bridge + batch"), ("jobtrace", "jobtrace")):
+        r = res[name]
+        print(f"{label:<28}{r['call_us']:>13.2f} µs{r['cpu_us']:>9.2f} µs{r['call_us'] / floor:>9.2f}x")
+    print()
+    print(f"step span (jobtrace)        {spans['step_span_us']:8.2f} µs   phase span {spans['phase_span_us']:.2f} µs")
+    print(f"OTel SDK span create+end    {spans['otel_span_us']:8.2f} µs")
+    print(f"collective record           {coll['record_us']:8.2f} µs   (all_reduce 1-rank gloo: "
+          f"{coll['plain_us']:.1f} µs plain, {coll['traced_us']:.1f} µs traced)")
+    slow = (traced["step_us"] - plain["step_us"]) / plain["step_us"] * 100
+    print(f"demo step                   {plain['step_us']:8.1f} µs plain, {traced['step_us']:.1f} µs traced: "
+          f"{slow:+.2f} %")
+    print()
+    goals = [
+        ("calling thread ≤ 1.5x NullHandler floor", res["jobtrace"]["call_us"] <= 1.5 * floor),
+        ("calling thread < FileHandler", res["jobtrace"]["call_us"] < res["file"]["call_us"]),
+        ("total CPU ≤ FileHandler", res["jobtrace"]["cpu_us"] <= res["file"]["cpu_us"]),
+        ("step span < 20 µs", spans["step_span_us"] < 20),
+        ("collective record < 5 µs", coll["record_us"] < 5),
+        ("demo step slowed < 1 %", slow < 1),
+    ]
+    for goal, ok in goals:
+        print(f"  [{'met' if ok else 'NOT met'}] {goal}")
+
+
+if __name__ == "__main__":
+    main()
