@@ -75,6 +75,8 @@ class Discard(_Exp):
         return _Res.SUCCESS
     def shutdown(self):
         pass
+    def force_flush(self, timeout_millis=30000):
+        return True
 provider = LoggerProvider()
 provider.add_log_record_processor(BatchLogRecordProcessor(Discard(), max_queue_size=N + 10))
 import warnings; warnings.simplefilter("ignore")
@@ -175,7 +177,10 @@ print(json.dumps({"step_us": times[len(times) // 2] * 1e6}))
 
 
 def run_case(name: str, n: int, **fmt: object) -> dict[str, float]:
-    code = textwrap.dedent(PRELUDE.format(root=str(ROOT), n=n)) + textwrap.dedent(CASES[name].format(**fmt) if fmt else CASES[name])
+    body = CASES[name]
+    for key, value in fmt.items():
+        body = body.replace("{" + key + "}", repr(value))
+    code = textwrap.dedent(PRELUDE.format(root=str(ROOT), n=n)) + textwrap.dedent(body)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
         raise SystemExit(f"case {name} failed:\n{out.stderr}")

@@ -138,14 +138,16 @@ def memory_hook(rec: Recorder) -> Callable[[int | None], None]:
         cuda = torch.cuda
     except Exception:  # noqa: BLE001
         cuda = None
-    statm = "/proc/self/statm"
-    has_statm = os.path.exists(statm)
+    try:
+        # Kept open and read with pread: reopening /proc/self/statm costs ~30 µs a step.
+        statm_fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        statm_fd = None
 
     def hook(step: int | None) -> None:
         values: dict[str, Any] = {}
-        if has_statm:
-            with open(statm, "rb") as fh:
-                values["rss_bytes"] = int(fh.read().split()[1]) * _PAGE
+        if statm_fd is not None:
+            values["rss_bytes"] = int(os.pread(statm_fd, 128, 0).split()[1]) * _PAGE
         if cuda is not None and cuda.is_initialized():
             dev = cuda.current_device()
             values["cuda_allocated_bytes"] = cuda.memory_allocated(dev)

@@ -116,17 +116,20 @@ class TestLogsAndSpans:
 
 
 class TestOpenTelemetry:
-    def test_user_otel_span_joins_the_job_trace_under_the_current_phase(self, tracing, tmp_path):
-        """A span started with the OTel API gets the job's TraceID, its parent is our phase, and it is recorded."""
+    @pytest.mark.parametrize("all_spans", [False, True])
+    def test_user_otel_span_joins_the_job_trace_under_our_span(self, tracing, tmp_path, all_spans):
+        """A span started with the OTel API gets the job's TraceID, nests under our step (or, with
+        otel_context="all", our phase), and is recorded as an event too."""
         from opentelemetry import trace
 
+        tracing.recorder.otel_all_spans = all_spans
         tracer = trace.get_tracer("user")
-        with oi.step(0):
+        with oi.step(0) as st:
             with oi.phase("forward") as ph:
                 with tracer.start_as_current_span("attention") as s:
                     ctx = s.get_span_context()
         assert f"{ctx.trace_id:032x}" == tracing.identity.trace_id
-        assert s.parent.span_id == ph.span_id
+        assert s.parent.span_id == (ph.span_id if all_spans else st.span_id)
         names = [e["name"] for e in events_of(tracing, tmp_path, "span")]
         assert "attention" in names
 
