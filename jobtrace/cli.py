@@ -87,6 +87,16 @@ def main() -> None:
 main.add_command(trace_job, name="trace")
 
 
+def _add_ingest_command() -> None:
+    """``jobtrace ingest PATH... --job ID``: existing training logs → events (the ``ingest`` package)."""
+    from ingest._cli import ingest_command
+
+    main.add_command(ingest_command, name="ingest")
+
+
+_add_ingest_command()
+
+
 @main.command()
 @click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
 def jobs(data_dir: str) -> None:

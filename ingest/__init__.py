@@ -1,0 +1,40 @@
+"""Ingest existing training logs: raw text from any rank of any framework → canonical events.
+
+    from ingest import IngestConfig, Ingestor, open_sink
+    summary = Ingestor(IngestConfig(job="run-42"), open_sink("local", "run-42")).run(["logs/"])
+
+Then ``trace-job run-42`` reports on the job as for an instrumented one. The command
+line is ``jobtrace ingest PATH... --job ID``. Parsers for Megatron-LM, DeepSpeed,
+Hugging Face, torch.distributed/NCCL failures and plain ``step N loss x`` lines are
+built in; :func:`register_parser` adds one of your own (see :class:`Parser`).
+"""
+
+from __future__ import annotations
+
+from ._align import ClockOffset, estimate_offsets
+from ._engine import IngestConfig, Ingestor, IngestSummary, default_registry, register_parser
+from ._sinks import MemorySink, open_sink
+from ._timestamps import parse_timestamp
+from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
+
+__all__ = [
+    "Block",
+    "ClockOffset",
+    "FEED_DONE",
+    "FEED_MORE",
+    "FEED_REJECT",
+    "IngestConfig",
+    "IngestSummary",
+    "Ingestor",
+    "Line",
+    "MemorySink",
+    "Parser",
+    "ParserRegistry",
+    "Skip",
+    "StreamState",
+    "default_registry",
+    "estimate_offsets",
+    "open_sink",
+    "parse_timestamp",
+    "register_parser",
+]

@@ -1,0 +1,93 @@
+"""Clock alignment across nodes, from moments every rank shares.
+
+Each node writes timestamps with its own clock. Some moments are the same for all
+ranks by construction: the end of a synchronous collective, hence the end of a step
+in data-parallel training (every rank leaves the gradient all-reduce together). For
+each pair (reference node, node) the differences of their timestamps of the same
+such moment (same step) are the clock offset plus noise (logging latency, timestamp
+resolution). The estimate is the mean of the central half of those differences (a
+trimmed mean: robust to a few late lines, and finer than the timestamp resolution
+when the resolution is coarser than the noise). With fewer than ``min_points``
+shared moments a node is left as it is and reported as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Mapping
+
+__all__ = ["ClockOffset", "estimate_offsets"]
+
+MIN_POINTS: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ClockOffset:
+    """How far a node's clock was from the reference node's, and how sure the estimate is.
+
+    ``offset_ms`` is what the node's clock read minus the reference's at the same moment;
+    it is subtracted from the node's timestamps. ``spread_ms`` is the median absolute
+    deviation of the differences; ``points`` the number of shared moments used.
+    """
+
+    domain: str
+    reference: str
+    offset_ms: float
+    points: int
+    spread_ms: float
+    applied: bool
+    note: str = ""
+    offset_ns: int = 0
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _trimmed_mean(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n < 4:
+        return _median(s)
+    lo, hi = n // 4, n - n // 4
+    core = s[lo:hi]
+    return sum(core) / len(core)
+
+
+def estimate_offsets(points: Mapping[str, Mapping[object, list[int]]], *, reference: str | None = None,
+                     min_points: int = MIN_POINTS) -> dict[str, ClockOffset]:
+    """Offsets of every clock domain (node) against a reference, from shared moments.
+
+    ``points[domain][key]`` lists the timestamps (ns) that ranks of ``domain`` logged for
+    the shared moment ``key`` (e.g. ``("step", 12)``); ranks of one node share its clock, so
+    their median stands for the node. The reference is the domain with the most moments
+    (ties: the first name) unless given.
+    """
+    per_domain: dict[str, dict[object, float]] = {}
+    for domain, keys in points.items():
+        d = {k: _median([float(t) for t in ts]) for k, ts in keys.items() if ts}
+        if d:
+            per_domain[domain] = d
+    if not per_domain:
+        return {}
+    if reference is None or reference not in per_domain:
+        reference = sorted(per_domain, key=lambda k: (-len(per_domain[k]), k))[0]
+    ref = per_domain[reference]
+    out: dict[str, ClockOffset] = {reference: ClockOffset(reference, reference, 0.0, len(ref), 0.0, False, "reference")}
+    for domain, d in sorted(per_domain.items()):
+        if domain == reference:
+            continue
+        common = [k for k in d if k in ref]
+        diffs = [d[k] - ref[k] for k in common]
+        if len(diffs) < min_points:
+            out[domain] = ClockOffset(domain, reference, 0.0, len(diffs), 0.0, False,
+                                      f"not aligned: {len(diffs)} shared moments (< {min_points})")
+            continue
+        est = _trimmed_mean(diffs)
+        med = _median(diffs)
+        spread = _median([abs(x - med) for x in diffs])
+        out[domain] = ClockOffset(domain, reference, round(est / 1e6, 3), len(diffs), round(spread / 1e6, 3), True,
+                                  offset_ns=int(round(est)))
+    return out

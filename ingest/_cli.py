@@ -1,0 +1,173 @@
+"""``jobtrace ingest PATH... --job ID``: the command, its progress bar and its closing summary.
+
+``format_summary`` returns the text; ``print_summary`` renders it; the click command
+comes last and maps errors to the exit codes of :mod:`jobtrace.cli` (2 usage, 3 error).
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from typing import Any
+
+import click
+import orjson
+from rich.console import Console
+
+from jobtrace.errors import JobtraceError
+
+from ._engine import IngestConfig, Ingestor, IngestSummary
+from ._sinks import SINK_KINDS, open_sink
+
+__all__ = ["format_summary", "ingest_command", "print_summary"]
+
+
+def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrace-data") -> str:
+    """The closing summary as plain text: lines, events by type, skips by reason, clocks, streams."""
+    rate = f" ({s.lines / s.seconds:,.0f} lines/s)" if s.seconds > 0 else ""
+    out = [f"ingested job {s.job}: {len(s.files)} file(s), {s.bytes_read:,} bytes, {s.lines:,} lines in "
+           f"{s.seconds:.2f}s{rate}"]
+    out.append(f"  lines parsed: {s.parsed:,}   skipped: {s.skipped_total:,}")
+    for reason, n in sorted(s.skipped.items(), key=lambda kv: -kv[1]):
+        out.append(f"    skipped {n:,}: {reason}")
+    events = ", ".join(f"{k} {v:,}" for k, v in sorted(s.events.items()))
+    out.append(f"  events: {sum(s.events.values()):,} ({events or 'none'})")
+    if s.lines_by_parser:
+        out.append("  formats: " + ", ".join(f"{k} {v:,} lines" for k, v in sorted(s.lines_by_parser.items())))
+    if s.estimated_ts:
+        out.append(f"  timestamps estimated from neighbouring lines (marked est): {s.estimated_ts:,}")
+    if s.truncated_lines:
+        out.append(f"  lines cut at the size limit: {s.truncated_lines:,}")
+    if s.parser_errors:
+        out.append("  parser errors (lines kept as plain logs): " +
+                   ", ".join(f"{k} {v}" for k, v in sorted(s.parser_errors.items())))
+    domains = [o for o in s.clock_offsets if o.note != "reference" or len(s.clock_offsets) > 1]
+    if len(s.clock_offsets) > 1:
+        out.append("  clock offsets (estimated from step ends shared by all ranks; subtracted):")
+        for o in domains:
+            if o.note == "reference":
+                out.append(f"    {o.domain}: reference ({o.points} points)")
+            elif o.applied:
+                out.append(f"    {o.domain}: {o.offset_ms:+.3f} ms vs {o.reference} "
+                           f"({o.points} points, spread {o.spread_ms:.3f} ms)")
+            else:
+                out.append(f"    {o.domain}: {o.note}")
+        if s.alignment_residual_ms is not None:
+            out.append(f"    after correction the largest remaining offset is {s.alignment_residual_ms:.3f} ms")
+    ranks = sorted({(d["node"], d["rank"]) for d in s.streams}, key=lambda t: t[1])
+    guessed = [d for d in s.streams if d["rank_guessed"]]
+    out.append(f"  ranks: {len(ranks)}" + (f" ({len(guessed)} stream(s) had no rank in prefixes or file names; "
+                                           "numbered in order of appearance)" if guessed else ""))
+    for err in s.errors:
+        out.append(f"  error: {err}")
+    where = f"{data_dir}/{s.job}" if to == "local" else to
+    out.append(f"  written to {where}; next: trace-job {s.job}" + (f" --data-dir {data_dir}" if to == "local" and
+                                                                    data_dir != "jobtrace-data" else ""))
+    return "\n".join(out)
+
+
+def print_summary(s: IngestSummary, console: Console, to: str = "local", data_dir: str = "jobtrace-data") -> None:
+    console.print(format_summary(s, to, data_dir), highlight=False, markup=False)
+
+
+def _load_plugins(plugins: tuple[str, ...]) -> None:
+    for name in plugins:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is a usage error
+            raise click.BadParameter(f"cannot import plugin {name!r}: {exc}", param_hint="--plugin") from exc
+
+
+@click.command(name="ingest", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
+@click.option("--to", "to", type=click.Choice(SINK_KINDS), default="local", show_default=True,
+              help="Where the events go.")
+@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
+              help="Embedded store directory (--to local).")
+@click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")
+@click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many seconds without new lines.")
+@click.option("--tz", default="UTC", show_default=True,
+              help="Zone of timestamps that carry none: UTC, local, +HH:MM or a name like Europe/Paris.")
+@click.option("--year", type=int, default=None, help="Year for formats without one (glog/c10 lines).")
+@click.option("--rank-from-filename", default=None,
+              help="Regex with groups rank/node/local_rank (or one group = rank) applied to each file path.")
+@click.option("--node", default=None, help="Node name for every line (when the logs do not say).")
+@click.option("--rank", type=int, default=None, help="Rank for a single-rank input.")
+@click.option("--world-size", type=int, default=None, help="World size (default: highest rank seen + 1).")
+@click.option("--no-align", is_flag=True, help="Do not estimate and correct clock offsets between nodes.")
+@click.option("--overwrite", is_flag=True, help="Replace the job's earlier ingested events instead of appending.")
+@click.option("--plugin", multiple=True, help="Import this module first (it registers its own parsers).")
+@click.option("--no-hyperscan", is_flag=True, help="Match with Python's re even when Hyperscan is installed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def ingest_command(paths: tuple[str, ...], job_id: str, to: str, data_dir: str, follow: bool, idle_exit: float | None,
+                   tz: str, year: int | None, rank_from_filename: str | None, node: str | None, rank: int | None,
+                   world_size: int | None, no_align: bool, overwrite: bool, plugin: tuple[str, ...],
+                   no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
+    """Turn the log files of a job (PATH: files, directories, globs, .gz/.zst, - for stdin) into events.
+
+    Megatron-LM, DeepSpeed, Hugging Face Trainer, torchrun/NCCL failures and plain
+    "step N loss x time T ms" lines are recognised from the lines themselves.
+    Exit status: 0 done, 2 usage error, 3 error.
+    """
+    err = Console(stderr=True)
+    _load_plugins(plugin)
+    if rank_from_filename:
+        import re
+
+        try:
+            re.compile(rank_from_filename)
+        except re.error as exc:
+            raise click.BadParameter(str(exc), param_hint="--rank-from-filename") from exc
+    cfg = IngestConfig(job=job_id, tz=tz, year=year, align=not no_align, follow=follow, idle_exit_s=idle_exit,
+                       rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
+                       use_hyperscan=False if no_hyperscan else None)
+    try:
+        factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite)
+        summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
+    except JobtraceError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(3)
+    if as_json:
+        click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2, default=str).decode())
+    else:
+        print_summary(summary, Console(), to, data_dir)
+    sys.exit(3 if summary.errors and not summary.lines else 0)
+
+
+def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not show:
+        ing = Ingestor(cfg, factory)
+        return _with_sigint(ing, paths)
+    with Progress(TextColumn("[bold]ingest[/]"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[lines]} lines"),
+                  TextColumn("{task.fields[events]} events"), TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("ingest", total=None, lines="0", events="0")
+
+        def progress(done: int, total: int, lines: int, events: int) -> None:
+            bar.update(task, completed=done, total=total or None, lines=f"{lines:,}", events=f"{events:,}")
+
+        ing = Ingestor(cfg, factory, progress=progress)
+        return _with_sigint(ing, paths)
+
+
+def _with_sigint(ing: Ingestor, paths: list[str]) -> IngestSummary:
+    """Ctrl-C in follow mode ends the ingest cleanly (everything read so far is written)."""
+    if not ing.cfg.follow:
+        return ing.run(paths)
+    previous = signal.getsignal(signal.SIGINT)
+
+    def stop(signum: int, frame: Any) -> None:
+        ing.stop()
+
+    try:
+        signal.signal(signal.SIGINT, stop)
+    except ValueError:  # not the main thread
+        return ing.run(paths)
+    try:
+        return ing.run(paths)
+    finally:
+        signal.signal(signal.SIGINT, previous)

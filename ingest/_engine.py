@@ -1,0 +1,859 @@
+"""The ingest engine: raw log text in, canonical events out, one pass per input (two with alignment).
+
+Constraints that shape it:
+
+* Throughput: a line that no parser wants (most lines of a real log) costs one
+  anchored regex for its head and one pre-encoded ``bytes`` template for its log
+  event; parser triggers are matched for a whole chunk at once (see :mod:`._match`).
+* Memory is bounded whatever the input size: input is read in chunks, a line is cut at
+  ``max_line_bytes``, output is written in batches, a multi-line block stops at a
+  fixed size, and lines waiting for a timestamp are released after ``pending_cap``.
+* Nothing is lost silently: every line read is either parsed (it produced or joined
+  an event) or skipped with a reason, and ``lines == parsed + sum(skipped)``. A
+  parser that raises is counted and the line is kept as a plain log event.
+* Clocks: timestamps are converted to UTC at parse time; with alignment on, a first
+  quick pass reads only the lines that mark moments shared by all ranks (step ends),
+  estimates each node's clock offset, and the second pass writes corrected times.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Final, Iterable
+
+import orjson
+
+from jobtrace.events import SCHEMA_VERSION
+from otel_instrumentation._identity import trace_id_for_job
+from shippers import Sink
+
+from ._align import ClockOffset, estimate_offsets
+from ._match import Matcher, make_matcher
+from ._prefix import Prefix, PrefixMode, detect_mode, split_prefix
+from ._sinks import SinkFactory
+from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
+from ._timestamps import HeadParser, TzSpec, parse_tz
+from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
+
+__all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
+
+_DUMPS = orjson.dumps
+_NL = orjson.OPT_APPEND_NEWLINE
+_LEVEL_BYTES: Final = {None: b"INFO", "INFO": b"INFO", "WARNING": b"WARNING", "ERROR": b"ERROR", "DEBUG": b"DEBUG",
+                       "CRITICAL": b"CRITICAL"}
+_INTERNAL: Final = ("sync", "route_rank", "route_node", "dt", "start_dt")
+_UNKNOWN_NODE: Final = "unknown"
+_IDENT_KEYS: Final = ("job", "trace_id", "rank", "local_rank", "world", "node", "pid", "v")
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """How to read the logs. Durations in seconds, sizes in bytes.
+
+    Args:
+        job: the job id every event gets (its trace id derives from it).
+        tz: zone of timestamps that carry none: ``UTC`` (default), ``local``, ``+HH:MM`` or an IANA name.
+        year: year for formats without one (glog, c10); default: from the stream's dated lines, else now.
+        align: estimate and correct clock offsets between nodes (needs step ends logged by several nodes).
+        follow: keep reading files as they grow (a running job) until ``idle_exit_s`` without new data
+            (``None``: until interrupted).
+        rank_from_filename: regex with groups ``rank``/``node``/``local_rank`` (or one group = rank).
+        node, rank, world_size: force identity when the logs do not say.
+        use_hyperscan: ``None`` = when installed.
+    """
+
+    job: str
+    tz: str = "UTC"
+    year: int | None = None
+    align: bool = True
+    follow: bool = False
+    idle_exit_s: float | None = None
+    poll_s: float = 0.5
+    rank_from_filename: str | None = None
+    node: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    chunk_bytes: int = 4 << 20
+    max_line_bytes: int = 1 << 20
+    max_msg_chars: int = 64 * 1024
+    pending_cap: int = 10_000
+    batch_lines: int = 4096
+    use_hyperscan: bool | None = None
+
+
+@dataclass
+class IngestSummary:
+    """What an ingest read and produced; ``lines == parsed + sum(skipped.values())``."""
+
+    job: str
+    files: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    lines: int = 0
+    parsed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    lines_by_parser: dict[str, int] = field(default_factory=dict)
+    parser_errors: dict[str, int] = field(default_factory=dict)
+    truncated_lines: int = 0
+    estimated_ts: int = 0
+    streams: list[dict[str, Any]] = field(default_factory=list)
+    clock_offsets: list[ClockOffset] = field(default_factory=list)
+    alignment_residual_ms: float | None = None
+    matcher: str = ""
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["skipped_total"] = self.skipped_total
+        d["lines_per_s"] = round(self.lines / self.seconds) if self.seconds > 0 else None
+        return d
+
+
+class _Out:
+    """One output stream: a (node, rank) and its sink, with pre-encoded identity."""
+
+    __slots__ = ("node", "rank", "sink", "buf", "head", "ident")
+
+    def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink) -> None:
+        self.node, self.rank, self.sink = node, rank, sink
+        self.buf: list[bytes] = []
+        self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
+                      "node": node, "pid": 0, "v": SCHEMA_VERSION}
+        self.head = _DUMPS(self.ident)[1:-1]  # '"job":...,"v":1' to splice into templates
+
+
+class _Stream:
+    """One input stream: a file, or one writer's lines of an interleaved file."""
+
+    __slots__ = ("state", "head", "pending", "block", "block_line", "block_parser", "last_ts", "offset",
+                 "domain", "out", "src")
+
+    def __init__(self, state: StreamState, head: HeadParser, domain: str, src: _Src) -> None:
+        self.state = state
+        self.head = head
+        self.pending: list[tuple[dict[str, Any], int]] = []
+        self.block: Block | None = None
+        self.block_line: Line | None = None
+        self.block_parser = ""
+        self.last_ts: int | None = None
+        self.offset = 0
+        self.domain = domain
+        self.out: _Out | None = None
+        self.src = src
+
+
+class _Src:
+    __slots__ = ("source", "fid", "ident", "mode", "streams", "carry", "discard", "order", "fh", "mtime_ns",
+                 "done", "default_day")
+
+    def __init__(self, source: Source, fid: int, ident: FileIdentity) -> None:
+        self.source = source
+        self.fid = fid
+        self.ident = ident
+        self.mode: str | None = None
+        self.streams: dict[Prefix | None, _Stream] = {}
+        self.carry = b""
+        self.discard = False
+        self.order = 0
+        self.fh: Any = None
+        self.mtime_ns = source.mtime_ns()
+        self.done = False
+        self.default_day: int | None = (self.mtime_ns // 86_400_000_000_000) if self.mtime_ns else None
+
+
+ProgressFn = Callable[[int, int, int, int], None]
+"""``(bytes_read, bytes_total, lines, events)``, called after every chunk."""
+
+
+class Ingestor:
+    """Reads log files of one job and writes canonical events through sinks.
+
+    ::
+
+        summary = Ingestor(IngestConfig(job="run-42"), open_sink("local", "run-42")).run(["logs/"])
+    """
+
+    def __init__(self, config: IngestConfig, sink_factory: SinkFactory, registry: ParserRegistry | None = None,
+                 progress: ProgressFn | None = None) -> None:
+        from .parsers import builtin_registry
+
+        self.cfg = config
+        self._sink_factory = sink_factory
+        self._registry = registry if registry is not None else default_registry()
+        self._parsers: list[Parser] = self._registry.parsers() or builtin_registry().parsers()
+        self._progress = progress
+        self._tz: TzSpec = parse_tz(config.tz)
+        for p in self._parsers:
+            if hasattr(p, "tz"):
+                p.tz = self._tz  # type: ignore[attr-defined]
+        triggers = [tuple(p.triggers) for p in self._parsers]
+        self._matcher: Matcher = make_matcher(triggers, config.use_hyperscan)
+        sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]
+        self._sync_matcher: Matcher = make_matcher(sync_triggers, config.use_hyperscan)
+        self._sync_ids = frozenset(i for i, p in enumerate(self._parsers)
+                                   if getattr(p, "sync_points", False) and hasattr(p, "sync_step"))
+        self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
+        self._trace = trace_id_for_job(config.job)
+        self._outs: dict[tuple[str, int], _Out] = {}
+        self._rank_nodes: dict[int, str] = {}
+        self._used_ranks: set[int] = set()
+        self._next_guess = 0
+        self._max_rank = -1
+        self._offsets: dict[str, ClockOffset] = {}
+        self._sync: dict[str, dict[object, list[int]]] | None = None
+        self.summary = IngestSummary(job=config.job, matcher=self._matcher.engine)
+        self._n_log = 0
+        self._events: dict[str, int] = {}
+        self._bytes_total = 0
+        self._stop = False
+
+    # ---- public ------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask a running (follow mode) ingest to finish after the current chunk."""
+        self._stop = True
+
+    def run(self, paths: Iterable[str]) -> IngestSummary:
+        t0 = time.perf_counter()
+        files = expand_paths(list(paths))
+        temp: list[str] = []
+        sources: list[Source] = []
+        for f in files:
+            if f == "-" and not self.cfg.follow:
+                spooled = spool_stdin()
+                temp.append(spooled)
+                sources.append(Source(spooled, display="<stdin>", temp=True))
+            else:
+                sources.append(Source(f, display="<stdin>" if f == "-" else f))
+        self.summary.files = [s.display for s in sources]
+        self._bytes_total = sum(s.size for s in sources)
+        try:
+            if self.cfg.align and len(sources) > 0:
+                self._align_pass(sources)
+            srcs = [_Src(s, i, self._file_identity(s)) for i, s in enumerate(sources)]
+            for src in srcs:
+                self._open(src)
+                self._drain(src)
+                if not self.cfg.follow:
+                    self._close_src(src)
+            if self.cfg.follow:
+                self._follow(srcs, list(paths))
+            for src in srcs:
+                self._close_src(src)
+        finally:
+            self._close_outs()
+            for path in temp:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        s = self.summary
+        s.events = dict(self._events)
+        if self._n_log:
+            s.events["log"] = s.events.get("log", 0) + self._n_log
+        s.seconds = time.perf_counter() - t0
+        s.streams = sorted(s.streams, key=lambda d: (d["rank"], d["node"], d["source"]))
+        if self._sync:
+            residual = estimate_offsets(self._sync)
+            applied = [abs(o.offset_ms) for o in residual.values() if o.applied]
+            if applied and any(o.applied for o in self._offsets.values()):
+                s.alignment_residual_ms = round(max(applied), 3)
+        return s
+
+    # ---- identity ---------------------------------------------------------------
+    def _file_identity(self, source: Source) -> FileIdentity:
+        if source.is_stdin or source.temp:
+            return FileIdentity()
+        return identity_from_name(source.path, self._rank_rx)
+
+    def _stream(self, src: _Src, pfx: Prefix | None) -> _Stream:
+        cfg = self.cfg
+        ident = src.ident
+        host = pfx.host if pfx else None
+        node = cfg.node or host or ident.node or _UNKNOWN_NODE
+        rank = pfx.rank if pfx and pfx.rank is not None else None
+        local = pfx.local_rank if pfx else None
+        guessed = False
+        if rank is None and local is not None and host is None and ident.node is None and ident.rank is None:
+            rank = local
+        if rank is None and local is None:
+            rank = ident.rank
+        if rank is None and cfg.rank is not None and not src.streams:
+            rank = cfg.rank
+        if rank is None:
+            while self._next_guess in self._used_ranks:
+                self._next_guess += 1
+            rank = self._next_guess
+            self._next_guess += 1
+            guessed = True
+        if local is None:
+            local = ident.local_rank if ident.local_rank is not None else rank
+        self._used_ranks.add(rank)
+        self._max_rank = max(self._max_rank, rank)
+        if not guessed:
+            self._rank_nodes.setdefault(rank, node)
+        key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
+                                         f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
+        domain = node if node != _UNKNOWN_NODE else key
+        state = StreamState(key, node, rank, local, guessed)
+        stream = _Stream(state, HeadParser(self._tz, src.default_day, self.cfg.year), domain, src)
+        off = self._offsets.get(domain)
+        if off is not None and off.applied:
+            stream.offset = -off.offset_ns
+        src.streams[pfx] = stream
+        self.summary.streams.append({"source": src.source.display, "node": node, "rank": rank, "local_rank": local,
+                                     "rank_guessed": guessed, "domain": domain})
+        return stream
+
+    def _out(self, node: str, rank: int, local: int) -> _Out:
+        key = (node, rank)
+        out = self._outs.get(key)
+        if out is None:
+            world = max(self.cfg.world_size or 0, self._max_rank + 1, rank + 1)
+            out = self._outs[key] = _Out(self.cfg.job, self._trace, node, rank, local, world,
+                                         self._sink_factory(node, rank))
+        return out
+
+    # ---- reading ----------------------------------------------------------------
+    def _open(self, src: _Src) -> None:
+        try:
+            src.fh = src.source.open()
+        except Exception as exc:  # noqa: BLE001 - reported in the summary, the other files go on
+            src.fh = None
+            src.done = True
+            self.summary.errors.append(f"{src.source.display}: {exc}")
+
+    def _close_src(self, src: _Src) -> None:
+        if src.carry or src.discard:
+            tail, src.carry = src.carry, b""
+            truncated = src.discard
+            src.discard = False
+            self._block(src, tail, last=True, truncated=truncated)
+        for stream in src.streams.values():
+            self._end_block(stream)
+            self._release_pending(stream, final=True)
+        if src.fh is not None and not src.source.is_stdin:
+            try:
+                src.fh.close()
+            except OSError:
+                pass
+        src.fh = None
+        self._flush_outs()
+
+    def _drain(self, src: _Src) -> bool:
+        """Read what the source has now; True if anything was read."""
+        if src.fh is None:
+            return False
+        got = False
+        cb = self.cfg.chunk_bytes
+        while not self._stop:
+            try:
+                data = src.fh.read(cb)
+            except (OSError, EOFError, ValueError) as exc:  # corrupt gzip/zstd: keep what was read
+                self.summary.errors.append(f"{src.source.display}: read error after {self.summary.bytes_read} bytes: {exc}")
+                src.done = True
+                break
+            if not data:
+                break
+            got = True
+            self.summary.bytes_read += len(data)
+            self._feed(src, data)
+            self._flush_outs()
+            if self._progress is not None:
+                self._progress(self.summary.bytes_read, self._bytes_total, self.summary.lines,
+                               self._n_log + sum(self._events.values()))
+        return got
+
+    def _feed(self, src: _Src, data: bytes) -> None:
+        if b"\r" in data:
+            if data.endswith(b"\r"):
+                data, extra = data[:-1], b"\r"
+            else:
+                extra = b""
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        else:
+            extra = b""
+        if src.carry:
+            data = src.carry + data
+            src.carry = b""
+        cut = data.rfind(b"\n")
+        maxb = self.cfg.max_line_bytes
+        if src.discard:  # inside an over-long line: drop up to its end
+            if cut < 0:
+                src.carry = extra
+                return
+            nl = data.find(b"\n")
+            data = data[nl + 1:]
+            src.discard = False
+            cut = data.rfind(b"\n")
+        if cut < 0:
+            if len(data) > maxb:
+                self._block(src, data[:maxb], last=True, truncated=True)
+                src.discard = True
+                src.carry = extra
+            else:
+                src.carry = data + extra
+            return
+        block, rest = data[:cut], data[cut + 1:]
+        if len(rest) > maxb:
+            self._block(src, block, last=False)
+            self._block(src, rest[:maxb], last=True, truncated=True)
+            src.discard = True
+            src.carry = extra
+            return
+        src.carry = rest + extra
+        self._block(src, block, last=False)
+
+    def _follow(self, srcs: list[_Src], patterns: list[str]) -> None:
+        idle_since = time.monotonic()
+        known = {s.source.path for s in srcs}
+        last_scan = time.monotonic()
+        while not self._stop:
+            got = False
+            for src in srcs:
+                if not src.done and self._drain(src):
+                    got = True
+            now = time.monotonic()
+            if now - last_scan > 2.0:  # new files under the given directories/globs
+                last_scan = now
+                try:
+                    for f in expand_paths(patterns):
+                        if f != "-" and f not in known:
+                            known.add(f)
+                            src = _Src(Source(f), len(srcs), self._file_identity(Source(f)))
+                            srcs.append(src)
+                            self.summary.files.append(f)
+                            self._open(src)
+                            got = self._drain(src) or got
+                except Exception:  # noqa: BLE001 - a vanished path: keep following the others
+                    pass
+            if got:
+                idle_since = now
+                continue
+            for src in srcs:  # nothing new: close blocks and release lines waiting for a timestamp
+                for stream in src.streams.values():
+                    self._end_block(stream)
+            self._flush_outs()
+            if self.cfg.idle_exit_s is not None and now - idle_since >= self.cfg.idle_exit_s:
+                return
+            time.sleep(self.cfg.poll_s)
+
+    # ---- alignment pass ---------------------------------------------------------------
+    def _align_pass(self, sources: list[Source]) -> None:
+        points: dict[str, dict[object, list[int]]] = {}
+        for i, source in enumerate(sources):
+            if source.is_stdin:
+                continue
+            src = _Src(source, i, self._file_identity(source))
+            try:
+                fh = source.open()
+            except Exception:  # noqa: BLE001 - the main pass reports it
+                continue
+            streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]] = {}
+            carry = b""
+            try:
+                while True:
+                    data = fh.read(self.cfg.chunk_bytes)
+                    if not data:
+                        break
+                    data = carry + data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                    cut = data.rfind(b"\n")
+                    if cut < 0:
+                        carry = data[-self.cfg.max_line_bytes:]
+                        continue
+                    block, carry = data[:cut], data[cut + 1:][-self.cfg.max_line_bytes:]
+                    self._sync_block(src, block, streams, points)
+                if carry:
+                    self._sync_block(src, carry, streams, points)
+            except (OSError, EOFError, ValueError):
+                pass
+            finally:
+                fh.close()
+        self._offsets = estimate_offsets(points)
+        self.summary.clock_offsets = sorted(self._offsets.values(), key=lambda o: o.domain)
+        self._sync = {}
+
+    def _sync_block(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
+                    points: dict[str, dict[object, list[int]]]) -> None:
+        if src.mode is None:
+            src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
+        hits = self._sync_matcher.scan(block)
+        if hits is not None:
+            if not hits:
+                return
+            lines = _hit_lines(block, hits)
+        else:
+            lines = ((raw, None) for raw in block.split(b"\n"))
+        for raw, ids in lines:
+            if not raw or b"\x00" in raw:
+                continue
+            text = raw.decode("utf-8", "replace")
+            pfx, text = split_prefix(text, src.mode) if (src.mode != PrefixMode.NONE or text[:1] == "[") else (None, text)
+            if ids is None:
+                ids = self._sync_matcher.line(text)
+                if not ids:
+                    continue
+            entry = streams.get(pfx)
+            if entry is None:
+                node = self.cfg.node or (pfx.host if pfx else None) or src.ident.node or _UNKNOWN_NODE
+                key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
+                                                 f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
+                entry = streams[pfx] = (StreamState(key, node, -1, -1, True),
+                                        HeadParser(self._tz, src.default_day, self.cfg.year),
+                                        node if node != _UNKNOWN_NODE else key)
+            state, headp, domain = entry
+            head = headp.parse(text)
+            if head is None or head.ts is None:
+                continue
+            body = text[head.body_at:]
+            for i in sorted(ids):
+                if i not in self._sync_ids:
+                    continue
+                parser = self._parsers[i]
+                try:
+                    step = parser.sync_step(body)  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001 - counted in the main pass
+                    continue
+                if step is not None:
+                    points.setdefault(domain, {}).setdefault(("step", step), []).append(head.ts)
+                    break
+
+    # ---- the main pass ----------------------------------------------------------------
+    def _block(self, src: _Src, block: bytes, last: bool, truncated: bool = False) -> None:
+        if src.mode is None:
+            src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
+        hits = self._matcher.scan(block)
+        if hits is not None:
+            if not hits:
+                it: Iterable[tuple[bytes, frozenset[int] | None]] = ((raw, _EMPTY) for raw in block.split(b"\n"))
+            else:
+                it = _hit_lines(block, hits, all_lines=True)
+        else:
+            it = ((raw, None) for raw in block.split(b"\n"))
+        self._lines(src, it, truncated)
+
+    def _lines(self, src: _Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
+        summary = self.summary
+        skipped = summary.skipped
+        mode = src.mode
+        streams = src.streams
+        cap = self.cfg.max_msg_chars
+        matcher = self._matcher
+        n_lines = 0
+        n_parsed = 0
+        n_log = 0
+        levels = _LEVEL_BYTES
+        dumps = _DUMPS
+        for raw, ids in it:
+            n_lines += 1
+            if not raw or raw.isspace():
+                stream = streams.get(None)
+                if stream is not None and stream.block is not None and self._feed_block(stream, ""):
+                    n_parsed += 1
+                    continue
+                skipped["blank line"] = skipped.get("blank line", 0) + 1
+                continue
+            if b"\x00" in raw:
+                skipped["not text (binary data)"] = skipped.get("not text (binary data)", 0) + 1
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", "replace")
+                if text.count("\ufffd") * 4 > len(text):
+                    skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
+                    continue
+            if mode != "none" or text[0] == "[":
+                pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
+                if not text or text.isspace():
+                    stream = streams.get(pfx)
+                    if stream is not None and stream.block is not None and self._feed_block(stream, ""):
+                        n_parsed += 1
+                        continue
+                    skipped["blank line"] = skipped.get("blank line", 0) + 1
+                    continue
+            else:
+                pfx = None
+            stream = streams.get(pfx)
+            if stream is None:
+                stream = self._stream(src, pfx)
+            if stream.block is not None:
+                if self._feed_block(stream, text):
+                    n_parsed += 1
+                    continue
+            if ids is None:
+                ids = matcher.line(text)
+            head = stream.head.parse(text)
+            if head is not None:
+                ts = head.ts
+                body = text[head.body_at:]
+                level = head.level
+                logger = head.logger
+            else:
+                ts = None
+                body = text
+                level = logger = None
+            if ids:
+                line = Line(text, body, ts, level, logger, stream.state, n_lines, src.source.display, ids)
+                if self._parse(stream, line, ids):
+                    n_parsed += 1
+                    continue
+            n_parsed += 1
+            if len(body) > cap:
+                body = body[:cap]
+                summary.truncated_lines += 1
+            if ts is None or stream.pending:
+                ev: dict[str, Any] = {"kind": "log", "level": level or "INFO", "msg": body}
+                if logger:
+                    ev["logger"] = logger
+                self._emit(stream, [ev], ts)
+                continue
+            stream.last_ts = ts
+            out = stream.out
+            if out is None:
+                st = stream.state
+                out = stream.out = self._out(st.node, st.rank, st.local_rank)
+            lb = levels.get(level) or b"INFO"
+            if logger:
+                out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":%b,"msg":%b}\n'
+                               % (ts + stream.offset, out.head, lb, dumps(logger), dumps(body)))
+            else:
+                out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","msg":%b}\n'
+                               % (ts + stream.offset, out.head, lb, dumps(body)))
+            n_log += 1
+        if truncated:
+            summary.truncated_lines += 1
+        summary.lines += n_lines
+        summary.parsed += n_parsed
+        self._n_log += n_log
+
+    def _parse(self, stream: _Stream, line: Line, ids: frozenset[int]) -> bool:
+        """Run the triggered parsers in order; True when one of them took the line."""
+        by = self.summary.lines_by_parser
+        for i in sorted(ids):
+            parser = self._parsers[i]
+            try:
+                res = parser.parse(line)
+            except Exception:  # noqa: BLE001 - a parser bug must not lose the line or stop the ingest
+                errs = self.summary.parser_errors
+                errs[parser.name] = errs.get(parser.name, 0) + 1
+                continue
+            if res is None:
+                continue
+            name = parser.name
+            if isinstance(res, Skip):
+                self.summary.skipped[res.reason] = self.summary.skipped.get(res.reason, 0) + 1
+                self.summary.parsed -= 1  # the caller counts it as parsed
+                by[name] = by.get(name, 0) + 1
+                return True
+            if isinstance(res, list):
+                by[name] = by.get(name, 0) + 1
+                if not any(ev.get("kind") == "log" for ev in res):
+                    base: dict[str, Any] = {"kind": "log", "level": line.level or "INFO",
+                                            "msg": line.text[: self.cfg.max_msg_chars]}
+                    if line.logger:
+                        base["logger"] = line.logger
+                    res = [base, *res]
+                self._emit(stream, res, line.ts)
+                return True
+            # a Block: the following lines of this stream go to it
+            by[name] = by.get(name, 0) + 1
+            stream.block = res
+            stream.block_line = line
+            stream.block_parser = name
+            return True
+        return False
+
+    def _feed_block(self, stream: _Stream, text: str) -> bool:
+        block = stream.block
+        assert block is not None and stream.block_line is not None
+        try:
+            r = block.feed(text, stream.block_line)
+        except Exception:  # noqa: BLE001
+            errs = self.summary.parser_errors
+            errs[stream.block_parser] = errs.get(stream.block_parser, 0) + 1
+            r = FEED_REJECT
+        if r == FEED_MORE:
+            by = self.summary.lines_by_parser
+            by[stream.block_parser] = by.get(stream.block_parser, 0) + 1
+            return True
+        if r == FEED_DONE:
+            by = self.summary.lines_by_parser
+            by[stream.block_parser] = by.get(stream.block_parser, 0) + 1
+            self._end_block(stream)
+            return True
+        self._end_block(stream)
+        return False
+
+    def _end_block(self, stream: _Stream) -> None:
+        block, line = stream.block, stream.block_line
+        if block is None or line is None:
+            return
+        stream.block = None
+        stream.block_line = None
+        try:
+            events = block.finish()
+        except Exception:  # noqa: BLE001
+            errs = self.summary.parser_errors
+            errs[stream.block_parser] = errs.get(stream.block_parser, 0) + 1
+            events = [{"kind": "log", "level": line.level or "INFO", "msg": line.text}]
+        self._emit(stream, events, line.ts)
+
+    # ---- events ----------------------------------------------------------------------
+    def _emit(self, stream: _Stream, events: list[dict[str, Any]], ts: int | None) -> None:
+        if ts is not None:
+            if stream.pending:
+                self._release_pending(stream, upto=ts)
+            stream.last_ts = ts if stream.last_ts is None or ts > stream.last_ts else stream.last_ts
+            for ev in events:
+                self._write(stream, ev, ts, False)
+            return
+        for ev in events:
+            if "ts" in ev:  # carries its own time (e.g. a torchelastic failure time)
+                self._write(stream, ev, ev["ts"], False)
+            else:
+                stream.pending.append((ev, 0))
+        if len(stream.pending) >= self.cfg.pending_cap:
+            self._release_pending(stream, final=True)
+
+    def _release_pending(self, stream: _Stream, upto: int | None = None, final: bool = False) -> None:
+        """Give lines without a timestamp one between their neighbours' (evenly spaced), marked ``est``."""
+        pending = stream.pending
+        if not pending:
+            return
+        stream.pending = []
+        lo = stream.last_ts
+        if lo is None:
+            lo = upto if upto is not None else (stream.src.mtime_ns or time.time_ns())
+        hi = upto if upto is not None and upto >= lo else lo
+        n = len(pending)
+        self.summary.estimated_ts += n
+        for i, (ev, _) in enumerate(pending):
+            t = lo + (hi - lo) * (i + 1) // (n + 1) if hi > lo else lo
+            self._write(stream, ev, t, True)
+        if final and upto is None:
+            stream.last_ts = lo
+
+    def _write(self, stream: _Stream, ev: dict[str, Any], line_ts: int, est: bool) -> None:
+        st = stream.state
+        rank = ev.pop("route_rank", None)
+        node = ev.pop("route_node", None)
+        sync = ev.pop("sync", False)
+        dt = ev.pop("dt", 0)
+        start_dt = ev.pop("start_dt", None)
+        off = stream.offset
+        ts = ev.get("ts")
+        if ts is None:
+            ts = line_ts + dt
+        elif not isinstance(ts, int):
+            ts = line_ts
+        if start_dt is not None:
+            ev["start"] = line_ts + start_dt + off
+        elif ev.get("kind") == "span" and "dur" in ev:
+            ev["start"] = (ev["start"] + off) if "start" in ev else ts - int(ev["dur"]) + off
+        ev["ts"] = ts + off
+        if est:
+            ev["est"] = True
+        kind = ev.get("kind", "log")
+        ev["kind"] = kind
+        if kind == "log":
+            ev.setdefault("level", "INFO")
+            if "msg" in ev and isinstance(ev["msg"], str) and len(ev["msg"]) > self.cfg.max_msg_chars:
+                ev["msg"] = ev["msg"][: self.cfg.max_msg_chars]
+        if rank is None:
+            out = stream.out
+            if out is None:
+                out = stream.out = self._out(st.node, st.rank, st.local_rank)
+        else:
+            if node is None:
+                # the same writer (or, for a host-prefixed stream, the same host) unless the rank is known elsewhere
+                node = st.node if (rank == st.rank or st.rank_guessed) else self._rank_nodes.get(rank, _UNKNOWN_NODE)
+            out = self._out(node, rank, rank)
+        if sync and self._sync is not None and not est and ev.get("step") is not None and rank is None:
+            self._sync.setdefault(stream.domain, {}).setdefault(("step", ev["step"]), []).append(ev["ts"])
+        for k in _IDENT_KEYS:  # identity comes from the output stream; parsers cannot override it
+            ev.pop(k, None)
+        try:
+            body = _DUMPS(ev, option=_NL)
+        except TypeError:
+            body = _DUMPS({k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+                           for k, v in ev.items()}, option=_NL)
+        out.buf.append(b"{%b,%b" % (out.head, body[1:]))
+        self._events[kind] = self._events.get(kind, 0) + 1
+
+    def _flush_outs(self) -> None:
+        for out in self._outs.values():
+            if out.buf:
+                buf, out.buf = out.buf, []
+                out.sink.write(buf)
+
+    def _close_outs(self) -> None:
+        try:
+            self._flush_outs()
+        finally:
+            for out in self._outs.values():
+                try:
+                    out.sink.flush()
+                finally:
+                    out.sink.close()
+
+
+_EMPTY: Final = frozenset[int]()
+
+
+def _hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = False
+               ) -> Iterable[tuple[bytes, frozenset[int] | None]]:
+    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones)."""
+    if not all_lines:
+        i, nh = 0, len(hits)
+        while i < nh:
+            end = hits[i][0]
+            start = block.rfind(b"\n", 0, end) + 1
+            stop = block.find(b"\n", end)
+            if stop < 0:
+                stop = len(block)
+            ids: set[int] = set()
+            while i < nh and hits[i][0] <= stop:
+                ids.add(hits[i][1])
+                i += 1
+            yield block[start:stop], frozenset(ids)
+        return
+    pos = 0
+    hi = 0
+    nh = len(hits)
+    for raw in block.split(b"\n"):
+        end = pos + len(raw)
+        if hi < nh and hits[hi][0] <= end:
+            ids = set()
+            while hi < nh and hits[hi][0] <= end:
+                ids.add(hits[hi][1])
+                hi += 1
+            yield raw, frozenset(ids)
+        else:
+            yield raw, _EMPTY
+        pos = end + 1
+
+
+_DEFAULT: ParserRegistry | None = None
+
+
+def default_registry() -> ParserRegistry:
+    """The process-wide registry used when none is given: the built-in parsers plus any registered."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        from .parsers import builtin_registry
+
+        _DEFAULT = builtin_registry()
+    return _DEFAULT
+
+
+def register_parser(parser: Parser, *, first: bool = False) -> Parser:
+    """Add a parser to the default registry (``first=True``: before the built-in ones)."""
+    return default_registry().register(parser, first=first)

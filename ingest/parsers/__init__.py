@@ -1,0 +1,42 @@
+"""The built-in parsers, one module per source, and the default registry order.
+
+Order matters only for a line that triggers several parsers: the specific formats
+come first, the failure evidence next, the generic ``step N loss x`` reader last.
+"""
+
+from __future__ import annotations
+
+from .._types import ParserRegistry
+from .deepspeed import DeepSpeedParser
+from .generic import GenericStepParser
+from .huggingface import HuggingFaceParser
+from .megatron import MegatronParser
+from .torch_distributed import ElasticFailureParser, NcclParser, OomParser, TracebackParser, WatchdogParser
+
+__all__ = [
+    "DeepSpeedParser",
+    "ElasticFailureParser",
+    "GenericStepParser",
+    "HuggingFaceParser",
+    "MegatronParser",
+    "NcclParser",
+    "OomParser",
+    "TracebackParser",
+    "WatchdogParser",
+    "builtin_registry",
+]
+
+
+def builtin_registry() -> ParserRegistry:
+    """A fresh registry holding the built-in parsers in their default order."""
+    return ParserRegistry([
+        MegatronParser(),
+        DeepSpeedParser(),
+        HuggingFaceParser(),
+        WatchdogParser(),
+        OomParser(),
+        NcclParser(),
+        TracebackParser(),
+        ElasticFailureParser(),
+        GenericStepParser(),
+    ])

@@ -1,0 +1,131 @@
+"""Training loops that log with plain ``logging``/``print``: ``step 12 loss 0.41 lr 1e-4 time 52.1ms``.
+
+A line counts as a step line when it names a step (``step``, ``iter``, ``iteration``,
+``global_step``) with a number. Every ``key value`` / ``key=value`` / ``key: value``
+pair after that is read: known metric names (loss, lr, grad_norm, loss_scale,
+throughput…) become a metric event; durations (a unit ``ms``/``s``/``us``, or a key
+ending in ``_ms``/``_s``/``_time``) of known phases become phase spans (``data``,
+``forward``, ``backward``, ``optimizer``) or collective spans (``allreduce``,
+``all_gather``, ``comm``, ``sync``…); the step's own duration (``time``,
+``step_time``, ``elapsed``…) or, failing that, the time since the stream's previous
+step line makes the step span.
+
+A step line is logged after the step's synchronising all-reduce, so its timestamp is
+a moment shared by all ranks: it is marked as a clock-alignment point.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from .._types import Line, PartialEvent
+from ._util import collective_op, layout_spans, metric_value, number, step_span
+
+__all__ = ["GenericStepParser"]
+
+_STEP: Final = re.compile(r"(?i)\b(global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?(\d+)(?:\s*/\s*\d+)?")
+_PAIR: Final = re.compile(
+    r"(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?(?P<val>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|Infinity)"
+    r"\s?(?P<unit>ms|s|us|µs|sec|secs|seconds|msec)?(?![\w.])")
+_METRICS: Final = {
+    "loss": "loss", "train_loss": "loss", "lm_loss": "loss", "lr": "lr", "learning_rate": "lr",
+    "grad_norm": "grad_norm", "gradnorm": "grad_norm", "grad-norm": "grad_norm", "loss_scale": "loss_scale",
+    "scale": "loss_scale", "ppl": "ppl", "perplexity": "ppl", "acc": "accuracy", "accuracy": "accuracy",
+    "tokens_per_s": "tokens_per_s", "tokens/s": "tokens_per_s", "tok/s": "tokens_per_s", "tps": "tokens_per_s",
+    "samples_per_s": "samples_per_s", "samples/s": "samples_per_s", "throughput": "samples_per_s",
+    "epoch": "epoch", "mfu": "mfu", "memory": "memory_gb", "mem": "memory_gb",
+}
+_PHASES: Final = {
+    "data": "data", "dataloader": "data", "data_time": "data", "load": "data", "data_wait": "data",
+    "forward": "forward", "fwd": "forward", "backward": "backward", "bwd": "backward",
+    "optimizer": "optimizer", "optim": "optimizer", "opt": "optimizer", "update": "optimizer",
+    "checkpoint": "checkpoint", "eval": "eval",
+}
+_COLLECTIVES: Final = ("allreduce", "all_reduce", "all-reduce", "comm", "communication", "sync", "all_gather", "allgather",
+                       "reduce_scatter", "barrier", "broadcast", "alltoall", "all_to_all", "grad_sync")
+_STEP_TIME: Final = {"time", "step_time", "iter_time", "elapsed", "duration", "dt", "took", "step_dur", "total"}
+_UNIT_NS: Final = {"ms": 1e6, "msec": 1e6, "s": 1e9, "sec": 1e9, "secs": 1e9, "seconds": 1e9, "us": 1e3, "µs": 1e3}
+
+
+def _duration_key(key: str, unit: str | None) -> tuple[str, float] | None:
+    """(base name, ns per unit) when ``key value[unit]`` is a duration."""
+    k = key.lower()
+    for suffix, scale in (("_ms", 1e6), ("_s", 1e9), ("_sec", 1e9), ("_us", 1e3), ("_time", 1e9)):
+        if k.endswith(suffix):
+            base = k[: -len(suffix)]
+            return base, _UNIT_NS.get(unit or "", scale) if unit else scale
+    if unit:
+        return k, _UNIT_NS[unit]
+    return None
+
+
+class GenericStepParser:
+    name = "generic-step"
+    sync_points = True  # its step ends are moments all ranks share (clock alignment)
+    triggers = (r"(?i)\b(?:global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?\d",)
+
+    def sync_step(self, text: str) -> int | None:
+        m = _STEP.search(text)
+        return int(m.group(2)) if m and _PAIR.search(text, m.end()) else None
+
+    def parse(self, line: Line) -> list[PartialEvent] | None:
+        text = line.text
+        m = _STEP.search(text)
+        if not m:
+            return None
+        step = int(m.group(2))
+        metrics: dict[str, Any] = {}
+        phases: list[tuple[str, str, int, dict[str, Any] | None]] = []
+        step_ns: int | None = None
+        for pm in _PAIR.finditer(text, m.end()):
+            key, raw, unit = pm.group("key"), pm.group("val"), pm.group("unit")
+            value = number(raw)
+            if value is None:
+                continue
+            name = _METRICS.get(key.lower())
+            if name is not None and not unit:
+                metrics[name] = metric_value(value)
+                continue
+            dkey = _duration_key(key, unit)
+            if dkey is not None:
+                base, scale = dkey
+                ns = int(value * scale) if value == value and abs(value) < 1e12 else None
+                if ns is None or ns < 0:
+                    continue
+                if base in _STEP_TIME or base in ("step", "iter", "iteration"):
+                    step_ns = ns
+                elif base in _PHASES:
+                    phases.append((_PHASES[base], "phase", ns, None))
+                elif any(c in base for c in _COLLECTIVES):
+                    op = collective_op(base)
+                    phases.append((op, "collective", ns, {"op": op, "group": "default", "seq": step,
+                                                          "source": "log"}))
+                else:
+                    metrics[f"{base}_ms"] = round(ns / 1e6, 6)
+                continue
+        if not metrics and not phases and step_ns is None:
+            return None
+        state = line.stream.state(self.name)
+        events: list[PartialEvent] = []
+        if metrics:
+            events.append({"kind": "metric", "step": step, "metrics": metrics})
+        if step_ns is None and phases:
+            step_ns = sum(p[2] for p in phases)
+        if step_ns is None:
+            prev_step, prev_ts = state.get("step"), state.get("ts")
+            if line.ts is not None and prev_ts is not None and prev_step is not None and step > prev_step:
+                step_ns = (line.ts - prev_ts) // (step - prev_step)
+        if line.ts is not None:
+            state["step"], state["ts"] = step, line.ts
+        if step_ns is not None and step_ns > 0:
+            span = step_span(step, 0, step_ns, source="log")
+            del span["ts"], span["start"]
+            span["sync"] = True
+            events.append(span)
+            if phases:
+                for ev in layout_spans(step, 0, phases, span["span_id"]):
+                    ev["dt"] = ev.pop("ts")
+                    ev["start_dt"] = ev.pop("start")
+                    events.append(ev)
+        return events

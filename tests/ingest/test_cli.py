@@ -1,0 +1,107 @@
+"""`jobtrace ingest`: inputs of every kind, the summary, sinks, follow mode, and trace-job afterwards."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+from datetime import timedelta
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from ingest import IngestConfig, Ingestor, open_sink
+from jobtrace.cli import main
+from jobtrace.errors import ConfigError
+from queries import analyze, load_local
+from tests.ingest import fixtures as fx
+
+
+def rank_lines(rank: int, steps: int = 8, slow: bool = False) -> list[str]:
+    out = []
+    for s in range(steps):
+        t = fx.T0 + timedelta(milliseconds=100 * s)
+        fwd, wait = (45.0, 2.0) if slow else (5.0, 42.0)
+        out.append(t.strftime("%Y-%m-%d %H:%M:%S") + f",{t.microsecond // 1000:03d} INFO train: step {s} loss "
+                   f"{1.0 / (s + 1):.4f} time 60.0ms (data 1.0ms forward {fwd}ms backward 5.0ms allreduce {wait}ms "
+                   f"optimizer 2.0ms)")
+    return out
+
+
+class TestIngestCommand:
+    def test_plain_gzip_zstd_and_stdin_inputs_then_trace_job(self, tmp_path):
+        """Four ranks from four kinds of input; the summary counts lines and events; trace-job names rank 2."""
+        zstd = pytest.importorskip("zstandard")
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (logs / "rank0.log").write_text("\n".join(rank_lines(0)) + "\n")
+        with gzip.open(logs / "rank1.log.gz", "wt") as fh:
+            fh.write("\n".join(rank_lines(1)) + "\n")
+        (logs / "rank2.log.zst").write_bytes(zstd.ZstdCompressor().compress(("\n".join(rank_lines(2, slow=True)) + "\n").encode()))
+        stdin = "\n".join(rank_lines(3)) + "\n\n"
+        store = tmp_path / "store"
+        res = CliRunner().invoke(main, ["ingest", str(logs / "*.log*"), "-", "--job", "cli", "--data-dir", str(store),
+                                        "--rank", "3", "--json"], input=stdin)
+        assert res.exit_code == 0, res.output
+        summary = orjson.loads(res.output)
+        assert 33 == summary["lines"] and 32 == summary["parsed"] and {"blank line": 1} == summary["skipped"]
+        assert 4 * 8 == summary["events"]["metric"] and 4 * 8 * 6 == summary["events"]["span"]
+        report = analyze(load_local(store, "cli"))
+        assert ["slow_rank"] == [f.kind for f in report.findings] and [2] == report.findings[0].ranks
+
+        text = CliRunner().invoke(main, ["ingest", str(logs / "rank0.log"), "--job", "cli2", "--data-dir", str(store)])
+        assert text.exit_code == 0 and "lines parsed: 8" in text.output and "trace-job cli2" in text.output
+
+    def test_overwrite_replaces_instead_of_appending(self, tmp_path):
+        (tmp_path / "rank0.log").write_text("\n".join(rank_lines(0)) + "\n")
+        args = ["ingest", str(tmp_path / "rank0.log"), "--job", "j", "--data-dir", str(tmp_path / "s"), "-q"]
+        CliRunner().invoke(main, args)
+        CliRunner().invoke(main, args)
+        twice = load_local(tmp_path / "s", "j").stats.events
+        CliRunner().invoke(main, args + ["--overwrite"])
+        assert twice == 2 * load_local(tmp_path / "s", "j").stats.events
+
+    @pytest.mark.parametrize("kind", ["loki", "elasticsearch"])
+    def test_remote_sinks_say_they_are_not_available_yet(self, tmp_path, kind):
+        (tmp_path / "a.log").write_text("hello\n")
+        res = CliRunner().invoke(main, ["ingest", str(tmp_path / "a.log"), "--job", "j", "--to", kind])
+        assert res.exit_code == 3 and "not available yet" in res.output
+        with pytest.raises(ConfigError):
+            open_sink(kind, "j")
+
+    def test_usage_errors(self, tmp_path):
+        assert CliRunner().invoke(main, ["ingest", "--job", "j"]).exit_code == 2
+        res = CliRunner().invoke(main, ["ingest", str(tmp_path / "missing.log"), "--job", "j"])
+        assert res.exit_code == 3 and "no such file" in res.output
+        res = CliRunner().invoke(main, ["ingest", str(tmp_path), "--job", "j", "--rank-from-filename", "("])
+        assert res.exit_code == 2
+
+
+def test_follow_mode_reads_a_growing_file_until_idle(tmp_path):
+    """Lines appended while the ingest runs are read; it stops after --idle-exit seconds without new lines."""
+    path = tmp_path / "rank0.log"
+    lines = rank_lines(0, steps=6)
+    path.write_text(lines[0] + "\n")
+
+    def writer():
+        for line in lines[1:]:
+            time.sleep(0.15)
+            with open(path, "a") as fh:
+                fh.write(line + "\n")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    summary = Ingestor(IngestConfig(job="f", follow=True, idle_exit_s=1.0, poll_s=0.05),
+                       open_sink("local", "f", data_dir=tmp_path / "s")).run([str(path)])
+    t.join()
+    assert 6 == summary.lines == summary.parsed
+    assert 6 == analyze(load_local(tmp_path / "s", "f")).steps
+
+
+def test_rank_from_filename_regex(tmp_path):
+    (tmp_path / "job-gpu07-of-16.txt").write_text("step 1 loss 2 time 3ms\n")
+    caps = {}
+    Ingestor(IngestConfig(job="r", rank_from_filename=r"gpu(?P<rank>\d+)"),
+             lambda n, r: caps.setdefault((n, r), __import__("ingest").MemorySink())).run([str(tmp_path)])
+    assert [("unknown", 7)] == list(caps)
