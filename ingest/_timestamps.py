@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Final, Pattern
 
-__all__ = ["Head", "HeadParser", "TzSpec", "parse_timestamp", "parse_tz"]
+__all__ = ["Head", "HeadParser", "ISO_LAYOUT", "TzSpec", "parse_timestamp", "parse_tz"]
 
 LEVELS: Final = {
     "DEBUG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING", "WARN": "WARNING", "ERROR": "ERROR",
@@ -41,6 +41,11 @@ class TzSpec:
         self._fixed = fixed
         self._zone = zone
         self._cache: dict[tuple[int, int], int] = {}
+
+    @property
+    def fixed_offset_s(self) -> int | None:
+        """Seconds east of UTC when the zone has no DST rules (``UTC``, ``+05:30``), else ``None``."""
+        return self._fixed
 
     def offset_s(self, epoch_day: int, second_of_day: int) -> int:
         """Seconds to subtract from a naive wall-clock time to get UTC."""
@@ -190,6 +195,9 @@ _LAYOUTS: Final = (
     _lay("time", _TIME + _ZONE + _TAIL, "time"),
 )
 
+ISO_LAYOUT: Final = next(lo for lo in _LAYOUTS if lo.name == "iso")
+"""The layout of Python ``logging`` lines (``2026-01-05 12:00:00,250 - INFO - name - msg``)."""
+
 # First character of the (prefix-stripped) line → layouts worth trying; keeps misses cheap.
 _BY_FIRST: dict[str, tuple[_Layout, ...]] = {}
 for _lo in _LAYOUTS:
@@ -223,7 +231,7 @@ class HeadParser:
         self.last_day: int | None = None
         self._default_day = default_day
         self._last: _Layout | None = None
-        self._iso_cache: dict[tuple[str, str, str | None], int] = {}
+        self._iso_cache: dict[tuple[str, str, str | None], tuple[int, int]] = {}
 
     def parse(self, text: str) -> Head | None:
         """The head of ``text``; ``None`` when the line has no recognised head."""
@@ -252,8 +260,8 @@ class HeadParser:
             date, tod, zone = m.group("date", "time", "zone") if "zone" in layout.rx.groupindex else (
                 m.group("date"), m.group("time"), None)
             key = (date, tod, zone)
-            base = self._iso_cache.get(key)
-            if base is None:
+            hit = self._iso_cache.get(key)
+            if hit is None:
                 try:
                     day = _epoch_day_iso(date)
                     sod = _hms(tod)
@@ -263,8 +271,10 @@ class HeadParser:
                 base = (day * 86400 + sod - (self.tz.offset_s(day, sod) if z is None else z)) * 1_000_000_000
                 if len(self._iso_cache) > 4096:
                     self._iso_cache.clear()
-                self._iso_cache[key] = base
-                self.last_day = day
+                self._iso_cache[key] = (base, day)
+            else:
+                base, day = hit
+            self.last_day = day  # every dated line, cached or not (the date of time-only lines follows it)
             level, logger = m.group("level", "logger")
             if level is not None:
                 level = LEVELS.get(level.upper())

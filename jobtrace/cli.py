@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from jobtrace.errors import JobtraceError
+from jobtrace.errors import JobNotFound, JobtraceError
 
 EXIT_HEALTHY, EXIT_PROBLEM, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
@@ -31,6 +31,33 @@ def _analysis_options(f: Any) -> Any:
                      help="A rank is slow when its median compute per step is this many times the median rank's.")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
     return f
+
+
+def _view_options(f: Any) -> Any:
+    """Flight Recorder input, golden runs, backend links and the timeline views (see queries._trace)."""
+    for name, kw in [
+        ("--flight-recorder", dict(multiple=True, type=click.Path(exists=True),
+                                   help="PyTorch Flight Recorder dump file or folder (repeatable).")),
+        ("--compare-to", dict(multiple=True, help="Compare with this golden run (repeatable; see `jobtrace golden`).")),
+        ("--golden-dir", dict(default=None, help="Where golden runs are kept (default <data-dir>/.golden).")),
+        ("--timeline", dict(default=None, type=click.Path(dir_okay=False), help="Write an interactive HTML timeline.")),
+        ("--perfetto", dict(default=None, type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace JSON.")),
+        ("--grafana-url", dict(envvar="JOBTRACE_GRAFANA_URL", default=None, help="Link findings to Grafana Explore.")),
+        ("--grafana-datasource", dict(envvar="JOBTRACE_GRAFANA_DATASOURCE", default=None, help="Loki data source uid.")),
+        ("--kibana-url", dict(envvar="JOBTRACE_KIBANA_URL", default=None, help="Link findings to Kibana Discover.")),
+        ("--kibana-data-view", dict(envvar="JOBTRACE_KIBANA_DATA_VIEW", default=None, help="Kibana data view id.")),
+    ]:
+        f = click.option(name, **kw)(f)
+    return f
+
+
+def _trace_options(kw: dict[str, Any]) -> Any:
+    from queries import LinkConfig, TraceOptions
+
+    links = LinkConfig(grafana_url=kw["grafana_url"], grafana_datasource=kw["grafana_datasource"],
+                       kibana_url=kw["kibana_url"], kibana_data_view=kw["kibana_data_view"])
+    return TraceOptions(flight_recorder=kw["flight_recorder"], compare_to=kw["compare_to"],
+                        golden_dir=kw["golden_dir"], links=links, timeline=kw["timeline"], perfetto=kw["perfetto"])
 
 
 def _report_and_exit(report: Any, as_json: bool, console: Console) -> None:
@@ -58,20 +85,28 @@ def _fail(console: Console, exc: Exception) -> None:
 @click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
               help="Embedded store directory (local backend).")
 @_analysis_options
+@_view_options
 def trace_job(job_id: str, backend: str, url: str | None, since: str | None, until: str | None, data_dir: str,
-              stall_s: float, slow_factor: float, as_json: bool) -> None:
+              stall_s: float, slow_factor: float, as_json: bool, **views: Any) -> None:
     """Rebuild JOB_ID's timeline and name the slow or stalled rank.
 
     Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error.
     """
-    from queries import AnalysisConfig, analyze
+    from queries import AnalysisConfig
+    from queries import trace_job as run_trace
     from queries._backends import TimeRange, load_job
 
     console = Console(stderr=False)
     try:
         rng = TimeRange.parse(since, until) if backend != "local" else None
-        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
-        report = analyze(job, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor))
+        opts = _trace_options(views)
+        try:
+            job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
+        except JobNotFound:
+            if not opts.flight_recorder:
+                raise
+            job = None  # a job known only from its Flight Recorder dumps
+        report, _ = run_trace(job_id, data_dir, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor), opts, job=job)
     except JobtraceError as exc:
         _fail(Console(stderr=True), exc)
         return
@@ -105,6 +140,27 @@ def jobs(data_dir: str) -> None:
 
     for job in list_local_jobs(data_dir):
         click.echo(job)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--name", default=None, help="Name of the reference (default: the job id).")
+@click.option("--golden-dir", default=None, help="Where golden runs are kept (default <data-dir>/.golden).")
+@click.option("--force", is_flag=True, help="Keep the job even if its own report is not healthy.")
+def golden(job_id: str, data_dir: str, name: str | None, golden_dir: str | None, force: bool) -> None:
+    """Mark the finished job JOB_ID as a golden (reference) run for `trace-job --compare-to`."""
+    from queries import mark_golden
+
+    try:
+        path, _ = mark_golden(job_id, data_dir, name, golden_dir, force=force)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_PROBLEM)
+    except JobtraceError as exc:
+        _fail(Console(stderr=True), exc)
+        return
+    click.echo(f"golden run {name or job_id} saved to {path}")
 
 
 @main.command()

@@ -1,10 +1,11 @@
 """Synthetic jobs in the embedded-store format, for benchmarks and tests of the analysis.
 
 The generator models data-parallel training the way the analysis sees it: every
-rank starts a step together, computes for its own time, then waits in all_reduce
-until the slowest rank arrives. Faults are the same the demo injects (slow ranks,
-a hung rank, NaN loss), so benchmarks on 8,192 ranks exercise the same code paths
-as the real torch jobs in the tests.
+rank starts a step together, loads data and computes for its own time, then waits in
+all_reduce until the slowest rank arrives. Faults are the ones the demo injects (slow
+ranks, slow from a step on, a one-off stall, a slow data loader, a hung rank, a
+mismatched collective, NaN loss, a memory leak, a job-wide regression), so benchmarks on
+8,192 ranks exercise the same code paths as the real torch jobs in the tests.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class SynthJob:
     hang_step: int = 0
     hang_s: float = 600.0
     nan_step: int | None = None
+    slow_from: dict[int, tuple[float, ...]] = field(default_factory=dict)  # rank -> (first step, factor[, last step])
+    stalls: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (step, extra seconds), one-off
+    data_wait_ms: dict[int, float] = field(default_factory=dict)  # rank -> extra data-loader ms per step
+    leaks: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (first step, MB per step)
+    regress_step: int | None = None  # every rank's compute is multiplied by regress_factor from this step
+    regress_factor: float = 1.5
+    mismatch_rank: int | None = None  # this rank records all_gather where the others record all_reduce
+    mismatch_step: int = 0
+    memory: bool = True  # one rss_bytes metric per rank and step, as the memory hook records
     logs_per_step: int = 1
     heartbeat_s: float = 10.0
     seed: int = 7
@@ -59,18 +69,27 @@ def write_job(data_dir: str | os.PathLike[str], job: SynthJob) -> Path:
     try:
         for s in range(last_steps + (1 if job.hang_rank is not None else 0)):
             hanging = job.hang_rank is not None and s == job.hang_step
-            compute = {
-                r: job.compute_ms * job.slow_ranks.get(r, 1.0) * (1 + rnd.uniform(-job.jitter, job.jitter)) * 1e6
-                for r in range(job.ranks)
-            }
-            arrive = max(compute.values())
+            compute = {}
+            extra_data = {}
+            for r in range(job.ranks):
+                factor = job.slow_ranks.get(r, 1.0)
+                episode = job.slow_from.get(r)
+                if episode and s >= episode[0] and (len(episode) < 3 or s <= episode[2]):
+                    factor *= episode[1]
+                if job.regress_step is not None and s >= job.regress_step:
+                    factor *= job.regress_factor
+                compute[r] = job.compute_ms * factor * (1 + rnd.uniform(-job.jitter, job.jitter)) * 1e6
+                if r in job.stalls and job.stalls[r][0] == s:
+                    compute[r] += job.stalls[r][1] * 1e9
+                extra_data[r] = job.data_wait_ms.get(r, 0.0) * 1e6
+            arrive = max(compute[r] + extra_data[r] for r in range(job.ranks))
             for r in range(job.ranks):
                 base = {"job": job.job_id, "trace_id": trace, "rank": r, "local_rank": r % job.ranks_per_node,
                         "world": job.ranks, "node": f"node{r // job.ranks_per_node:04d}", "pid": 1000 + r, "v": 1}
                 out = files[r]
                 step_id = f"{next(sid):016x}"
-                c = int(compute[r])
-                data = int(c * 0.05)
+                c = int(compute[r] + extra_data[r])
+                data = int(compute[r] * 0.05 + extra_data[r])
                 if hanging:
                     beats = int(job.hang_s // job.heartbeat_s)
                     for b in range(1, beats + 1):
@@ -83,7 +102,7 @@ def write_job(data_dir: str | os.PathLike[str], job: SynthJob) -> Path:
                     continue
                 fwd = int(c * 0.35)
                 bwd = c - data - fwd
-                wait = int(arrive - compute[r]) + int(2e6)
+                wait = int(arrive - c) + int(2e6)
                 spans = [("data", t, data), ("forward", t + data, fwd), ("backward", t + data + fwd, bwd)]
                 opt_start = t + c
                 for name, start, dur in spans:
@@ -91,9 +110,10 @@ def write_job(data_dir: str | os.PathLike[str], job: SynthJob) -> Path:
                                      "parent_id": step_id, "name": name, "cat": "phase", "start": start, "dur": dur,
                                      "step": s}, option=nl))
                 opt_id = f"{next(sid):016x}"
+                op = "all_gather" if r == job.mismatch_rank and s == job.mismatch_step else "all_reduce"
                 out.write(dumps({"ts": opt_start + wait, "kind": "span", **base, "span_id": f"{next(sid):016x}",
-                                 "parent_id": opt_id, "name": "all_reduce", "cat": "collective", "start": opt_start,
-                                 "dur": wait, "step": s, "attrs": {"op": "all_reduce", "group": "default",
+                                 "parent_id": opt_id, "name": op, "cat": "collective", "start": opt_start,
+                                 "dur": wait, "step": s, "attrs": {"op": op, "group": "default",
                                  "group_size": job.ranks, "seq": s + 1, "bytes": 1 << 24}}, option=nl))
                 end = opt_start + wait + int(1e6)
                 out.write(dumps({"ts": end, "kind": "span", **base, "span_id": opt_id, "parent_id": step_id,
@@ -105,6 +125,12 @@ def write_job(data_dir: str | os.PathLike[str], job: SynthJob) -> Path:
                 metric = "NaN" if job.nan_step is not None and s >= job.nan_step else round(loss, 5)
                 out.write(dumps({"ts": end, "kind": "metric", **base, "step": s,
                                  "metrics": {"loss": metric, "lr": 1e-4, "grad_norm": 1.0}}, option=nl))
+                if job.memory:
+                    rss = 2_000_000_000 + rnd.randrange(0, 4096) * 4096
+                    if r in job.leaks and s >= job.leaks[r][0]:
+                        rss += int((s - job.leaks[r][0] + 1) * job.leaks[r][1] * 2**20)
+                    out.write(dumps({"ts": end, "kind": "metric", **base, "step": s, "metrics": {"rss_bytes": rss}},
+                                    option=nl))
                 for _ in range(job.logs_per_step):
                     out.write(dumps({"ts": end, "kind": "log", **base, "step": s, "level": "INFO",
                                      "logger": "train", "msg": f"step {s} loss {loss:.4f}"}, option=nl))

@@ -123,8 +123,8 @@ class Recorder:
         # Attaching an OpenTelemetry context costs ~10 µs; by default only step spans do it.
         self.otel_all_spans = False
         self.detach_otel: Callable[[object], None] | None = None
-        # What the rank is blocked in, for heartbeats: (op, group, seq, t0) or None.
-        self.in_collective: tuple[str, str, int, int] | None = None
+        # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
+        self.in_collective: tuple[str, str, int, int, int] | None = None
         self._local = threading.local()
         self.main_stack: list[Span] = []
         self._local.stack = self.main_stack

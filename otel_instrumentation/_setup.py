@@ -287,6 +287,8 @@ class Tracing:
                 coll = rec.in_collective
                 if coll is not None:
                     attrs.update(in_op=coll[0], in_group=coll[1], in_seq=coll[2], op_age_ms=(now - coll[3]) // 1_000_000)
+                    if len(coll) > 4:
+                        attrs["in_bytes"] = coll[4]
                 rec.heartbeat(attrs)
                 stalled_ns = now - rec.last_progress_ns
                 if stalled_ns > self.stall_dump_s * 1e9 and dumped_for != rec.last_progress_ns:

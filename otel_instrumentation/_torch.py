@@ -78,7 +78,7 @@ def _make_wrapper(
         stack = rec.stack()
         parent = stack[-1].span_id if stack else rec.root_span_id
         t0 = time_ns()
-        rec.in_collective = (op, info[0], seq, t0)
+        rec.in_collective = (op, info[0], seq, t0, payload)
         error = None
         try:
             return fn(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""Rebuilding a job from its events and naming the slow or stalled rank.
+"""Rebuilding a job from its events and naming the slow or stalled rank, and why.
 
     from queries import load_local, analyze
     report = analyze(load_local("jobtrace-data", "my-job"))
@@ -6,21 +6,50 @@
 
 from __future__ import annotations
 
-from ._analysis import AnalysisConfig, Finding, RankSummary, Report, analyze
+from ._analysis import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, analyze
+from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_flight_recorder
+from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
+from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
+from ._timeline import timeline_data, write_perfetto, write_timeline_html
+from ._trace import TraceOptions, mark_golden, trace_job
 
 __all__ = [
     "AnalysisConfig",
+    "EventRef",
     "Finding",
+    "GoldenProfile",
     "JobData",
+    "LinkConfig",
+    "NodeSummary",
     "RankSummary",
     "ReadStats",
     "Report",
+    "TraceOptions",
+    "add_flight_recorder",
     "analyze",
+    "attach_links",
+    "compare_to_golden",
     "format_json",
+    "golden_dir",
+    "grafana_explore_url",
+    "kibana_discover_url",
+    "kql_query",
+    "list_golden",
     "list_local_jobs",
     "load_events",
+    "load_flight_recorder",
+    "load_golden",
     "load_local",
+    "logql_query",
+    "mark_golden",
     "print_report",
+    "profile_job",
+    "read_flight_recorder",
+    "save_golden",
+    "timeline_data",
+    "trace_job",
+    "write_perfetto",
+    "write_timeline_html",
 ]

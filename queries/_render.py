@@ -19,7 +19,9 @@ from ._analysis import Report
 __all__ = ["format_json", "print_report"]
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-_STATUS = {"ok": "green", "slow": "yellow", "stalled": "bold red", "silent": "bold red", "waiting": "magenta"}
+_STATUS = {"ok": "green", "slow": "yellow", "stalled": "bold red", "silent": "bold red", "waiting": "magenta",
+           "mismatch": "bold red", "late": "yellow", "data": "yellow", "stalls": "yellow"}
+_ICON = {"error": "●", "warning": "▲", "info": "ℹ"}
 
 
 def format_json(report: Report) -> str:
@@ -43,19 +45,41 @@ def _summary(report: Report) -> Table:
             rate += f", {value:,.0f} {key.replace('_per_s', '')}/s"
         t.add_row("throughput", rate)
     t.add_row("events", f"{report.events:,}")
+    b = report.breakdown
+    if b:
+        t.add_row("time shares", f"compute {b['compute_share']:.0%}, communication {b['comm_share']:.0%}, "
+                                 f"data {b['data_share']:.0%}" + (f", idle {b['idle_share']:.0%}"
+                                                                  if b.get("idle_share") is not None else ""))
+    if report.golden:
+        t.add_row("compared with", ", ".join(report.golden))
     if report.skipped:
         t.add_row("skipped", ", ".join(f"{n} {why}" for why, n in report.skipped.items()))
     return t
 
 
-def _findings(report: Report) -> Any:
-    if not report.findings:
-        return Text("healthy: no slow, stalled or failing rank found", style="bold green")
-    parts = []
+def _findings(report: Report, evidence_lines: int = 40) -> Any:
+    parts: list[Any] = []
+    if report.healthy:
+        parts.append(Text("healthy: no slow, stalled or failing rank found", style="bold green"))
     for f in report.findings:
-        parts.append(Text(f"● {f.kind}: ", style=_STYLE.get(f.severity, "")) + Text(f.summary))
+        parts.append(Text(f"{_ICON.get(f.severity, '●')} {f.kind}: ", style=_STYLE.get(f.severity, "")) + Text(f.summary))
+        shown = 0
         for line in f.evidence:
-            parts.append(Text("    " + line.replace("\n", "\n    "), style="dim"))
+            lines = line.split("\n")
+            if shown + len(lines) > evidence_lines:
+                lines = lines[: max(1, evidence_lines - shown)] + ["…"]
+            parts.append(Text("    " + "\n    ".join(lines), style="dim"))
+            shown += len(lines)
+            if shown >= evidence_lines:
+                break
+        if f.refs:
+            r0 = f.refs[0]
+            cite = f"rank {r0['rank']}" + (f" step {r0['step']}" if r0.get("step") is not None else "")
+            cite += f" span {r0['span_id']}" if r0.get("span_id") else ""
+            more = f" (+{len(f.refs) - 1} more)" if len(f.refs) > 1 else ""
+            parts.append(Text(f"    events: {cite}{more}", style="dim"))
+        for name, url in f.links.items():
+            parts.append(Text(f"    {name}: ", style="dim") + Text(url, style="link " + url))
     return Group(*parts)
 
 
@@ -66,7 +90,8 @@ def _ranks_table(report: Report, limit: int = 32) -> Table:
         rows = flagged[:limit] + [r for r in rows if r.status == "ok"][: max(0, limit - len(flagged))]
         rows.sort(key=lambda r: r.rank)
     t = Table(title=f"per rank (median per step; {len(report.per_rank)} ranks)", show_lines=False)
-    for col in ("rank", "node", "steps", "step ms", "compute ms", "collective ms", "data ms", "last step", "status"):
+    for col in ("rank", "node", "steps", "step ms", "compute ms", "collective ms", "data ms", "score", "last arr.",
+                "last step", "status"):
         t.add_column(col, justify="right" if col not in ("node", "status") else "left")
 
     def f(x: float | None) -> str:
@@ -74,8 +99,23 @@ def _ranks_table(report: Report, limit: int = 32) -> Table:
 
     for r in rows:
         t.add_row(str(r.rank), r.node, str(r.steps), f(r.step_ms), f(r.compute_ms), f(r.collective_ms),
-                  f(r.data_ms), "-" if r.last_step is None else str(r.last_step),
+                  f(r.data_ms), "-" if r.score is None else f"{r.score:.2f}", str(r.last_arrivals),
+                  "-" if r.last_step is None else str(r.last_step),
                   Text(r.status, style=_STATUS.get(r.status, "")))
+    return t
+
+
+def _nodes_table(report: Report, limit: int = 16) -> Table | None:
+    if len(report.per_node) < 2:
+        return None
+    nodes = sorted(report.per_node, key=lambda n: (n.score if n.score is not None else 1.0))[:limit]
+    t = Table(title=f"per node (slowest {len(nodes)} of {len(report.per_node)})")
+    for col in ("node", "ranks", "compute ms", "score", "last arrivals", "flagged ranks"):
+        t.add_column(col, justify="left" if col in ("node", "flagged ranks") else "right")
+    for n in nodes:
+        t.add_row(n.node, str(len(n.ranks)), "-" if n.compute_ms is None else f"{n.compute_ms:.1f}",
+                  "-" if n.score is None else f"{n.score:.2f}", str(n.last_arrivals),
+                  ",".join(map(str, n.slow_ranks)) or "-")
     return t
 
 
@@ -85,3 +125,6 @@ def print_report(report: Report, console: Console) -> None:
     console.print(Panel(_summary(report), title=f"trace-job {report.job_id}: {verdict}", border_style=style))
     console.print(Panel(_findings(report), title="findings", border_style=style))
     console.print(_ranks_table(report))
+    nodes = _nodes_table(report)
+    if nodes is not None:
+        console.print(nodes)

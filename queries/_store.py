@@ -12,8 +12,10 @@ schema, and the analysis is naturally SQL (window functions, medians per group).
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -74,6 +76,15 @@ class JobData:
     stats: ReadStats
     source: str
 
+    def writable(self) -> None:
+        """Turn ``events`` into a table if it is a read-only view over the Parquet cache."""
+        kind = self.con.execute(
+            "SELECT table_type FROM information_schema.tables WHERE table_name = 'events'").fetchone()
+        if kind and kind[0] == "VIEW":
+            self.con.execute("CREATE TABLE events_copy AS SELECT * FROM events")
+            self.con.execute("DROP VIEW events")
+            self.con.execute("ALTER TABLE events_copy RENAME TO events")
+
 
 def _columns_sql() -> str:
     return "{" + ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items()) + "}"
@@ -81,6 +92,11 @@ def _columns_sql() -> str:
 
 def _connect() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
+    # Large jobs: let DuckDB spill to disk instead of needing the whole job in memory.
+    con.execute("SET preserve_insertion_order = false")
+    limit = os.environ.get("JOBTRACE_MEMORY_LIMIT")
+    if limit:
+        con.execute(f"SET memory_limit = '{_sql_str(limit)}'")
     threads = os.environ.get("JOBTRACE_THREADS")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
@@ -108,8 +124,30 @@ def _count_lines(paths: Iterable[str]) -> tuple[int, int]:
     return lines, torn
 
 
-def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = True) -> JobData:
-    """Load a job from the embedded store; torn and corrupt lines are skipped and counted."""
+_SETTLED_S = 60.0
+"""A job whose files have not changed for this long is treated as finished and gets a columnar cache."""
+
+
+def _signature(paths: list[str]) -> tuple[str, bool]:
+    """A hash of the store's files (name, size, mtime) and whether they have settled."""
+    h = hashlib.sha256()
+    newest = 0
+    for path in paths:
+        st = os.stat(path)
+        newest = max(newest, st.st_mtime_ns)
+        h.update(f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()[:16], (time.time_ns() - newest) / 1e9 > _SETTLED_S
+
+
+def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = True, cache: bool = True) -> JobData:
+    """Load a job from the embedded store; torn and corrupt lines are skipped and counted.
+
+    The first read of a finished job parses its JSON lines (the crash-safe format ranks
+    write) and keeps a zstd Parquet copy in ``<job>/.cache/``; later reads query that
+    copy in place, so ``trace-job`` on a 1,000-rank job is fast the second time and the
+    events never have to fit in memory. The cache is keyed by every file's size and
+    mtime, so any new line invalidates it; a running job is never cached.
+    """
     directory = job_dir(data_dir, job_id)
     paths = sorted(glob.glob(str(directory / "*.jsonl")))
     if not paths:
@@ -117,6 +155,16 @@ def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = 
         hint = f"; jobs in {data_dir}: {', '.join(known[:10])}" if known else f"; {data_dir} holds no jobs"
         raise JobNotFound(f"no events for job {job_id!r} in {directory}{hint}")
     con = _connect()
+    sig, settled = _signature(paths)
+    cached = directory / ".cache" / f"events-{sig}.parquet"
+    stats_file = cached.with_suffix(".stats.json")
+    if cache and cached.exists() and stats_file.exists():
+        try:
+            con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{_sql_str(cached)}')")
+            stats = ReadStats(**orjson.loads(stats_file.read_bytes()))
+            return JobData(job_id, con, stats, f"local:{directory}")
+        except (duckdb.Error, orjson.JSONDecodeError, TypeError):
+            con = _connect()  # a damaged cache: read the JSON again
     try:
         con.execute(
             f"""CREATE TABLE events AS SELECT * FROM read_json(?, format='newline_delimited',
@@ -135,7 +183,27 @@ def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = 
             stats.skipped["torn last line (crash mid-write)"] = stats.torn_lines
         if stats.corrupt_lines:
             stats.skipped["not a valid event"] = stats.corrupt_lines
+    if cache and settled:
+        _write_cache(con, cached, stats_file, stats)
     return JobData(job_id, con, stats, f"local:{directory}")
+
+
+def _sql_str(path: os.PathLike[str] | str) -> str:
+    return str(path).replace("'", "''")
+
+
+def _write_cache(con: duckdb.DuckDBPyConnection, cached: Path, stats_file: Path, stats: ReadStats) -> None:
+    """Best effort: a read-only store simply goes without a cache."""
+    try:
+        cached.parent.mkdir(exist_ok=True)
+        for old in cached.parent.glob("events-*"):
+            old.unlink(missing_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        con.execute(f"COPY events TO '{_sql_str(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+        os.replace(tmp, cached)
+        stats_file.write_bytes(orjson.dumps(asdict(stats)))
+    except (OSError, duckdb.Error):
+        pass
 
 
 def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, stats: ReadStats | None = None) -> JobData:

@@ -1,8 +1,9 @@
 """``jobtrace demo``: a real torch.distributed job with an injected fault, then its diagnosis.
 
 The job runs under torchrun (gloo backend, CPU) exactly as a user's would, with
-``init_tracing()`` as its only tracing line. For a hang the demo watches the
-embedded store and, once no rank has made progress for the stall threshold, stops
+``init_tracing()`` as its only tracing line. For a hang (or a mismatched
+collective) the demo watches the embedded store and, once no rank has made progress for
+the stall threshold, stops
 the job the way an operator would (SIGTERM, then SIGKILL for ranks blocked in C++),
 and then runs the same analysis ``trace-job`` runs.
 """
@@ -34,7 +35,22 @@ class DemoConfig:
     hang_rank: int | None = None
     hang_step: int = 8
     nan_step: int | None = None
+    nan_rank: int = 0
     ranks_per_node: int = 0
+    stall_rank: int | None = None
+    stall_step: int = 5
+    stall_seconds: float = 1.5
+    data_ranks: list[int] = field(default_factory=list)
+    data_ms: float = 30.0
+    mismatch_rank: int | None = None
+    mismatch_step: int = 5
+    leak_ranks: list[int] = field(default_factory=list)
+    leak_step: int = 4
+    leak_mb: float = 16.0
+    regress_step: int | None = None
+    regress_ms: float = 25.0
+    fr_dump_dir: str | None = None
+    """Write PyTorch Flight Recorder dumps (``fr_trace_rank_<r>``) here while the job runs."""
     stall_s: float = 6.0
     heartbeat_s: float = 1.0
     timeout_s: float = 300.0
@@ -78,14 +94,28 @@ def run_job(cfg: DemoConfig) -> int:
     if cfg.hang_rank is not None:
         args.append(f"--hang-rank={cfg.hang_rank}")
     if cfg.nan_step is not None:
-        args.append(f"--nan-step={cfg.nan_step}")
+        args += [f"--nan-step={cfg.nan_step}", f"--nan-rank={cfg.nan_rank}"]
+    if cfg.stall_rank is not None:
+        args += [f"--stall-rank={cfg.stall_rank}", f"--stall-step={cfg.stall_step}", f"--stall-s={cfg.stall_seconds}"]
+    args += [f"--data-rank={r}" for r in cfg.data_ranks] + [f"--data-ms={cfg.data_ms}"]
+    if cfg.mismatch_rank is not None:
+        args += [f"--mismatch-rank={cfg.mismatch_rank}", f"--mismatch-step={cfg.mismatch_step}"]
+    args += [f"--leak-rank={r}" for r in cfg.leak_ranks] + [f"--leak-step={cfg.leak_step}", f"--leak-mb={cfg.leak_mb}"]
+    if cfg.regress_step is not None:
+        args += [f"--regress-step={cfg.regress_step}", f"--regress-ms={cfg.regress_ms}"]
+    if cfg.fr_dump_dir:
+        args.append(f"--fr-dump-dir={Path(cfg.fr_dump_dir).resolve()}")
+        env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     out = subprocess.DEVNULL if cfg.quiet else None
     proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
     directory = job_dir(cfg.data_dir, cfg.job_id)
     deadline = time.monotonic() + cfg.timeout_s
+    # Only a job with an injected hang is stopped on a stall: a loaded machine can pause a
+    # healthy job for seconds, and stopping it would fake the very fault under test.
+    watch = cfg.hang_rank is not None or cfg.mismatch_rank is not None
     while proc.poll() is None:
         time.sleep(0.5)
-        progress = _last_progress_ns(directory)
+        progress = _last_progress_ns(directory) if watch else 0
         stalled = progress and (time.time_ns() - progress) / 1e9 > cfg.stall_s + 2 * cfg.heartbeat_s
         if stalled or time.monotonic() > deadline:
             _stop(proc)

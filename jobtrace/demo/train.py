@@ -1,9 +1,21 @@
 """The demo's training script: a small data-parallel MLP on synthetic data, one line of tracing.
 
 Run by ``jobtrace demo`` under torchrun (gloo, CPU). Faults are injected on purpose:
-``--slow-rank`` sleeps in the forward pass, ``--hang-rank`` stops forever in the
-forward pass at ``--hang-step`` (the others then block in all_reduce), ``--nan-step``
-makes rank 0's loss NaN from that step.
+
+* ``--slow-rank`` sleeps ``--slow-ms`` in every forward pass (a straggler);
+* ``--stall-rank`` sleeps ``--stall-s`` once, in the forward pass of ``--stall-step``;
+* ``--data-rank`` sleeps ``--data-ms`` in every data phase (a slow data loader);
+* ``--hang-rank`` stops forever in the forward pass at ``--hang-step`` (the others then
+  block in all_reduce);
+* ``--mismatch-rank`` calls all_gather where the others call all_reduce at
+  ``--mismatch-step`` (the job hangs in mismatched collectives);
+* ``--nan-step`` makes ``--nan-rank``'s loss NaN from that step;
+* ``--leak-rank`` keeps ``--leak-mb`` of new memory every step from ``--leak-step``;
+* ``--regress-step`` makes every rank's backward pass ``--regress-ms`` slower from that
+  step (a regression for golden-run comparison).
+
+``--fr-dump-dir`` writes this rank's PyTorch Flight Recorder buffer there every second
+(``fr_trace_rank_<rank>``), the way a dump-on-timeout would leave it.
 
 Gradients are averaged with an explicit ``dist.all_reduce`` so the collective is
 visible to jobtrace's torch.distributed instrumentation without any tracing code
@@ -35,10 +47,47 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-rank", type=int, default=None)
     p.add_argument("--hang-step", type=int, default=8)
     p.add_argument("--nan-step", type=int, default=None)
+    p.add_argument("--nan-rank", type=int, default=0)
+    p.add_argument("--stall-rank", type=int, default=None)
+    p.add_argument("--stall-step", type=int, default=5)
+    p.add_argument("--stall-s", type=float, default=1.5)
+    p.add_argument("--data-rank", type=int, action="append", default=[])
+    p.add_argument("--data-ms", type=float, default=30.0)
+    p.add_argument("--mismatch-rank", type=int, default=None)
+    p.add_argument("--mismatch-step", type=int, default=5)
+    p.add_argument("--leak-rank", type=int, action="append", default=[])
+    p.add_argument("--leak-step", type=int, default=4)
+    p.add_argument("--leak-mb", type=float, default=16.0)
+    p.add_argument("--regress-step", type=int, default=None)
+    p.add_argument("--regress-ms", type=float, default=25.0)
+    p.add_argument("--fr-dump-dir", default=None)
     p.add_argument("--ranks-per-node", type=int, default=0, help="simulate nodes: node = rank // N")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
     return p.parse_args(argv)
+
+
+def _dump_flight_recorder(directory: str, rank: int) -> None:
+    """Write the Flight Recorder buffer every second (a stand-in for dump-on-timeout on CPU)."""
+    import threading
+
+    def loop() -> None:
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        path = os.path.join(directory, f"fr_trace_rank_{rank}")
+        while True:
+            time.sleep(1.0)
+            try:
+                data = _dump_fr_trace()
+                with open(path + ".tmp", "wb") as fh:
+                    fh.write(data)
+                os.replace(path + ".tmp", path)
+            except Exception as exc:  # noqa: BLE001 - the demo keeps training without dumps
+                log.warning("flight recorder dump failed: %s", exc)
+                return
+
+    os.makedirs(directory, exist_ok=True)
+    threading.Thread(target=loop, name="fr-dump", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,11 +110,16 @@ def main(argv: list[str] | None = None) -> None:
         dist.broadcast(p.data, src=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     log.info("rank %d of %d ready", rank, world)
+    if args.fr_dump_dir:
+        _dump_flight_recorder(args.fr_dump_dir, rank)
+    leaked: list[torch.Tensor] = []
 
     for i in range(args.steps):
         t0 = time.perf_counter()
         with oi.step(i):
             with oi.phase("data"):
+                if rank in args.data_rank:
+                    time.sleep(args.data_ms / 1000)
                 x = torch.randn(args.batch, 64)
                 y = x[:, :1] * 0.5 + 0.1 * torch.randn(args.batch, 1)
             with oi.phase("forward"):
@@ -75,15 +129,26 @@ def main(argv: list[str] | None = None) -> None:
                         time.sleep(1)
                 if rank in args.slow_rank:
                     time.sleep(args.slow_ms / 1000)
+                if rank == args.stall_rank and i == args.stall_step:
+                    log.warning("rank %d: injected one-off stall of %.1fs at step %d", rank, args.stall_s, i)
+                    time.sleep(args.stall_s)
+                if rank in args.leak_rank and i >= args.leak_step:
+                    leaked.append(torch.ones(int(args.leak_mb * 2**20) // 4))
                 loss = torch.nn.functional.mse_loss(model(x), y)
-                if args.nan_step is not None and rank == 0 and i >= args.nan_step:
+                if args.nan_step is not None and rank == args.nan_rank and i >= args.nan_step:
                     loss = loss * math.nan
             with oi.phase("backward"):
                 opt.zero_grad()
                 loss.backward()
+                if args.regress_step is not None and i >= args.regress_step:
+                    time.sleep(args.regress_ms / 1000)
             with oi.phase("optimizer"):
                 grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-                dist.all_reduce(grads)
+                if rank == args.mismatch_rank and i == args.mismatch_step:
+                    log.warning("rank %d: injected all_gather where the others all_reduce at step %d", rank, i)
+                    dist.all_gather([torch.empty_like(grads) for _ in range(world)], grads)
+                else:
+                    dist.all_reduce(grads)
                 grads /= world
                 offset = 0
                 for p in model.parameters():

@@ -90,3 +90,36 @@ def test_exported_members_are_exactly_the_public_api():
     for mod in (otel_instrumentation, queries, shippers):
         assert mod.__all__ == sorted(mod.__all__)
         assert all(hasattr(mod, name) for name in mod.__all__)
+
+
+class TestColumnarCache:
+    def test_a_finished_job_is_cached_and_the_cache_gives_the_same_report(self, tmp_path, monkeypatch):
+        """Second read comes from Parquet; any new line invalidates the cache."""
+        import os
+        import queries._store as store
+        from queries import analyze, load_local
+
+        monkeypatch.setattr(store, "_SETTLED_S", 0.0)
+        directory = write_job(tmp_path, SynthJob(job_id="c", ranks=8, steps=30, slow_ranks={5: 2.0}))
+        first = analyze(load_local(tmp_path, "c"))
+        assert len(list((directory / ".cache").glob("events-*.parquet"))) == 1
+        job = load_local(tmp_path, "c")
+        kind = job.con.execute("SELECT table_type FROM information_schema.tables WHERE table_name='events'").fetchone()
+        assert kind == ("VIEW",)
+        second = analyze(job)
+        assert [f.summary for f in second.findings] == [f.summary for f in first.findings]
+        assert second.events == first.events
+        path = sorted(directory.glob("*.jsonl"))[0]
+        with open(path, "ab") as fh:
+            fh.write(b'{"ts":1,"kind":"log","job":"c","trace_id":"x","msg":"late"}\n')
+        os.utime(path, ns=(1, 1))
+        assert load_local(tmp_path, "c").stats.events == first.events + 1
+
+    def test_a_running_job_is_not_cached(self, tmp_path):
+        from queries import load_local
+
+        directory = write_job(tmp_path, SynthJob(job_id="live", ranks=2, steps=5))
+        for p in directory.glob("*.jsonl"):
+            p.touch()
+        load_local(tmp_path, "live")
+        assert not (directory / ".cache").exists()

@@ -1,0 +1,219 @@
+"""Golden runs: a healthy job kept as a reference, and where a new job leaves its band.
+
+A :class:`GoldenProfile` is a job reduced to per-step series (median over ranks): step
+time and each phase, collective share, loss, grad norm and peak memory. It is small (a
+few numbers per step), so it is stored as one JSON file and compared without the
+reference's events.
+
+Comparison, per series: each reference is smoothed with a centred rolling median of
+``golden_smooth_steps`` steps; the band at a step runs up to the highest smoothed
+reference plus a tolerance, the larger of ``golden_tolerance`` × that value (a fifth of it
+for memory, twice it for grad norm), an absolute floor per series (1 ms, 0.02 of loss,
+32 MB, 0.1 of comm share) and three robust standard deviations of the step-to-step noise
+of the reference or of the new job, whichever is noisier. The new job is smoothed
+the same way; it **deviates** from the first step where it is above the band for at
+least ``golden_persist_steps`` steps in a row. Smoothing makes one long step invisible
+and puts the onset of a lasting change on the step it began. Only "worse" (higher) is
+reported: faster or lower-loss runs are not regressions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import orjson
+
+from jobtrace.errors import QueryError
+
+from ._model import AnalysisConfig, EventRef, Finding, rows
+
+__all__ = ["GoldenProfile", "compare_to_golden", "golden_dir", "list_golden", "load_golden", "profile_job", "save_golden"]
+
+#: series name -> (unit, absolute tolerance, multiple of ``golden_tolerance`` allowed relative to the reference)
+SERIES: dict[str, tuple[str, float, float]] = {
+    "step_ms": ("ms", 1.0, 1.0),
+    "forward_ms": ("ms", 1.0, 1.0),
+    "backward_ms": ("ms", 1.0, 1.0),
+    "optimizer_ms": ("ms", 1.0, 1.0),
+    "data_ms": ("ms", 1.0, 1.0),
+    "comm_share": ("", 0.1, 1.0),
+    "loss": ("", 0.02, 1.0),
+    "grad_norm": ("", 0.05, 2.0),
+    "memory_mb": ("MB", 32.0, 0.2),  # memory is steady: 5% (by default) above the reference is already news
+}
+
+
+@dataclass
+class GoldenProfile:
+    name: str
+    job_id: str
+    steps: list[int]
+    series: dict[str, list[float | None]]
+    created: float = field(default_factory=time.time)
+    version: int = 1
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> GoldenProfile:
+        d = orjson.loads(data)
+        return cls(name=d["name"], job_id=d["job_id"], steps=[int(s) for s in d["steps"]],
+                   series={k: list(v) for k, v in d["series"].items()}, created=d.get("created", 0.0),
+                   version=d.get("version", 1))
+
+
+def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
+    """Reduce a loaded job (its ``steps``/``mets`` tables must exist; ``analyze`` builds them)."""
+    con = job.con
+    out = rows(
+        con,
+        """WITH s AS (SELECT step, median(step_ns) / 1e6 AS step_ms, median(fwd_ns) / 1e6 AS forward_ms,
+                             median(bwd_ns) / 1e6 AS backward_ms, median(opt_ns) / 1e6 AS optimizer_ms,
+                             median(data_ns) / 1e6 AS data_ms, sum(coll_ns) / nullif(sum(step_ns), 0) AS comm_share
+                      FROM steps GROUP BY step),
+                m AS (SELECT step, avg(loss) FILTER (WHERE isfinite(loss)) AS loss,
+                             median(grad_norm) FILTER (WHERE isfinite(grad_norm)) AS grad_norm,
+                             max(coalesce(cuda_allocated_bytes, rss_bytes)) / 1048576.0 AS memory_mb
+                      FROM mets GROUP BY step)
+           SELECT * FROM s FULL JOIN m USING (step) ORDER BY step""",
+    )
+    series: dict[str, list[float | None]] = {k: [] for k in SERIES}
+    for r in out:
+        for k in SERIES:
+            v = r.get(k)
+            series[k].append(None if v is None or (isinstance(v, float) and not math.isfinite(v)) else round(float(v), 6))
+    series = {k: v for k, v in series.items() if any(x is not None for x in v)}
+    return GoldenProfile(name or job.job_id, job.job_id, [int(r["step"]) for r in out], series)
+
+
+def golden_dir(data_dir: str | os.PathLike[str]) -> Path:
+    """References live beside the jobs, in a folder no job id can name (ids never start with a dot)."""
+    return Path(data_dir) / ".golden"
+
+
+def _path(directory: str | os.PathLike[str], name: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "._=-" else "_" for c in name).lstrip(".") or "_"
+    return Path(directory) / f"{safe}.json"
+
+
+def save_golden(profile: GoldenProfile, directory: str | os.PathLike[str]) -> Path:
+    path = _path(directory, profile.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(profile.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def load_golden(directory: str | os.PathLike[str], name: str) -> GoldenProfile:
+    path = Path(name) if name.endswith(".json") and Path(name).is_file() else _path(directory, name)
+    try:
+        return GoldenProfile.from_json(path.read_bytes())
+    except FileNotFoundError:
+        known = list_golden(directory)
+        raise QueryError(f"no golden run {name!r} in {directory}" + (f"; known: {', '.join(known)}" if known else "")
+                         ) from None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise QueryError(f"golden run {path} is unreadable: {exc}") from exc
+
+
+def list_golden(directory: str | os.PathLike[str]) -> list[str]:
+    d = Path(directory)
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def _smooth(values: list[float | None], width: int) -> list[float | None]:
+    h = max(1, width) // 2
+    out: list[float | None] = []
+    for i in range(len(values)):
+        win = [v for v in values[max(0, i - h): i + h + 1] if v is not None]
+        out.append(statistics.median(win) if win else None)
+    return out
+
+
+def _noise(raw: list[float | None], smooth: list[float | None]) -> float:
+    res = [abs(a - b) for a, b in zip(raw, smooth) if a is not None and b is not None]
+    return 1.4826 * statistics.median(res) if res else 0.0
+
+
+def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], cfg: AnalysisConfig,
+                      profile: GoldenProfile | None = None) -> list[Finding]:
+    """Findings for every series of ``job`` that leaves the references' band, from the step it left."""
+    refs = [refs] if isinstance(refs, GoldenProfile) else list(refs)
+    if not refs:
+        return []
+    new = profile or profile_job(job)
+    k = cfg.golden_smooth_steps
+    persist = cfg.golden_persist_steps
+    first = min(new.steps, default=0) + cfg.warmup_steps
+    ref_steps = set().union(*(set(r.steps) for r in refs))
+    common = [s for s in new.steps if s in ref_steps and s >= first]
+    if len(common) < max(3, persist):
+        return []
+    new_at = {s: i for i, s in enumerate(new.steps)}
+    names = ", ".join(f"'{r.name}'" for r in refs)
+    out = []
+    for name, (unit, abs_tol, rel_scale) in SERIES.items():
+        if name not in new.series:
+            continue
+        new_raw = [new.series[name][new_at[s]] for s in common]
+        new_s = _smooth(new_raw, k)
+        new_noise = _noise(new_raw, new_s)
+        upper: list[float | None] = [None] * len(common)
+        centre: list[float | None] = [None] * len(common)
+        for ref in refs:
+            if name not in ref.series:
+                continue
+            at = {s: i for i, s in enumerate(ref.steps)}
+            raw = [ref.series[name][at[s]] if s in at else None for s in common]
+            if sum(v is not None for v in raw) < 3:
+                continue
+            smooth = _smooth(raw, k)
+            noise = max(_noise(raw, smooth), new_noise)
+            for i, v in enumerate(smooth):
+                if v is None:
+                    continue
+                u = v + max(cfg.golden_tolerance * rel_scale * abs(v), abs_tol, 3 * noise)
+                upper[i] = u if upper[i] is None else max(upper[i], u)  # type: ignore[type-var]
+                centre[i] = v if centre[i] is None else max(centre[i], v)  # type: ignore[type-var]
+        above = [u is not None and v is not None and v > u for v, u in zip(new_s, upper)]
+        start = next((i for i in range(len(above) - persist + 1) if all(above[i:i + persist])), None)
+        if start is None:
+            continue
+        end = start
+        while end + 1 < len(above) and above[end + 1]:
+            end += 1
+        s0, s1 = common[start], common[end]
+        got = statistics.median(v for v in new_s[start:end + 1] if v is not None)
+        want = statistics.median(v for v in centre[start:end + 1] if v is not None)
+        band = statistics.median(u for u in upper[start:end + 1] if u is not None)
+        ratio = got / want if want else float("inf")
+        fmt = (lambda x: f"{x:.1f} {unit}".strip()) if unit else (lambda x: f"{x:.4g}")
+        f = Finding(
+            "golden_deviation", "warning",
+            f"{name} deviates from golden run{'s' if len(refs) > 1 else ''} {names} from step {s0}: {fmt(got)} vs "
+            f"{fmt(want)} in the reference ({ratio:.1f}x; band up to {fmt(band)})"
+            + (f", through step {s1}" if s1 != s0 else ""),
+            [], [], [s0, s1], [],
+            {"metric": name, "golden": [r.name for r in refs], "golden_jobs": [r.job_id for r in refs],
+             "start_step": s0, "end_step": s1, "value": round(got, 6), "reference": round(want, 6),
+             "band_upper": round(band, 6), "ratio": round(ratio, 3)},
+        )
+        out.append(f.cite(_refs(job, name, s0)))
+    out.sort(key=lambda f: f.details["start_step"])
+    return out
+
+
+def _refs(job: Any, name: str, step: int) -> list[EventRef]:
+    if name.endswith("_ms") or name == "comm_share":
+        out = rows(job.con, "SELECT rank, step, t1 AS ts, span_id FROM steps WHERE step = ? ORDER BY rank LIMIT 8", [step])
+        return [EventRef(r["rank"], int(r["ts"]), "span", r["step"], r["span_id"], "step") for r in out]
+    out = rows(job.con, "SELECT rank, step, ts, span_id FROM mets WHERE step = ? ORDER BY rank LIMIT 8", [step])
+    return [EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in out]

@@ -1,0 +1,296 @@
+"""Hangs and desyncs: the wavefront, the rank that never joined, collectives that do not match.
+
+Every collective record carries its process group and a per-group sequence number that
+is the same on every rank for the same call; heartbeats, sent by a thread that keeps
+running while the main thread is blocked, carry the collective the rank is inside
+(``in_op``/``in_group``/``in_seq``). Flight Recorder dumps, when ingested, contribute the
+same two things under their own group names. From these alone:
+
+* a rank is **stalled** when it made no progress for ``stall_s`` before the job's last
+  event, **silent** when it sent nothing at all (not even a heartbeat) for that long;
+* per group, the **wavefront** is the collective (sequence number) most stalled ranks
+  wait in; a member of the group that neither waits in it nor completed it **never
+  joined**: it is the culprit, and its open span, last logs and the stack dump its
+  heartbeat thread took say what it did instead (PyTorch Flight Recorder's "missing
+  ranks", NVRx's wavefront);
+* ranks in the same collective slot with another op, another payload size or another
+  sequence number are a **collective mismatch** (Flight Recorder's type/size checks),
+  whether the job hung on it or not.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ._model import AnalysisConfig, EventRef, Finding, RankSummary, as_json, rows, span_list
+
+__all__ = ["analyze_hang", "last_logs", "stack_dump"]
+
+# Ops whose payload must be the same size on every rank.
+_SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                        "reduce_scatter", "reduce_scatter_tensor", "barrier"})
+
+
+def analyze_hang(con: Any, cfg: AnalysisConfig, ranks: list[dict[str, Any]], t_max: int,
+                 by_rank: dict[int, RankSummary]) -> tuple[list[Finding], dict[str, Any]]:
+    findings = _completed_mismatches(con, cfg, by_rank)
+    thr = cfg.stall_s * 1e9
+    silent = {r["rank"] for r in ranks if t_max - r["last_ts"] >= thr and not r["stopped"]}
+    stuck = {r["rank"] for r in ranks if r["last_progress"] is None or t_max - r["last_progress"] >= thr}
+    if not silent and not stuck:
+        return findings, {}
+    info = {r["rank"]: r for r in ranks}
+    pending = _pending(con, info, stuck - silent)
+    waves = _wavefronts(con, pending)
+    primary = max(waves, key=lambda w: (len(w["waiting"]), not w["group"].startswith("fr:")), default=None)
+    wave_txt = _wave_text(primary) if primary else ""
+    culprits: dict[int, str] = {}  # rank -> why
+    for w in waves:
+        for rank in w["missing"]:
+            culprits.setdefault(rank, "missing")
+    for rank in sorted(silent):
+        culprits.setdefault(rank, "silent")
+    waiting = {r for w in waves for r in w["waiting"]}
+    mismatched = {r for w in waves for r in w["mismatched"]}
+    for rank in sorted(stuck - waiting - mismatched):
+        culprits.setdefault(rank, "stuck")
+    for w in waves:
+        if w["mismatched"]:
+            findings.append(_mismatch_finding(con, w, by_rank, hung=True))
+    for rank in sorted(culprits):
+        if rank in mismatched:
+            continue
+        findings.append(_culprit_finding(con, info[rank], culprits[rank], rank in silent, t_max, waves, primary,
+                                         wave_txt, by_rank))
+    if not culprits and not mismatched and primary:
+        for rank in primary["waiting"]:
+            by_rank[rank].status = "waiting"
+        f = Finding("hang", "error",
+                    f"job hung: {wave_txt}, and no rank is outside it (suspect the network or a rank that left "
+                    "the group)", primary["waiting"], sorted({by_rank[r].node for r in primary["waiting"]}),
+                    details={"wavefront": wave_txt, "wave": primary})
+        findings.append(f.cite(_beat_refs(pending, primary["waiting"])))
+    for rank in waiting:
+        if by_rank[rank].status == "ok":
+            by_rank[rank].status = "waiting"
+    return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
+
+
+def _pending(con: Any, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
+    """Per stuck rank, the collectives its latest heartbeats (one per source) say it is inside."""
+    if not stuck:
+        return {}
+    beats = rows(
+        con,
+        f"""SELECT rank, attrs, ts FROM (
+                SELECT rank, attrs, ts, row_number() OVER (PARTITION BY rank, json_extract_string(attrs, '$.source'),
+                       json_extract_string(attrs, '$.in_group') ORDER BY ts DESC) AS rn
+                FROM events WHERE kind = 'heartbeat' AND rank IN ({",".join(str(int(r)) for r in stuck)}))
+            WHERE rn = 1""",
+    )
+    latest_own: dict[int, int] = {}
+    for b in beats:
+        if as_json(b["attrs"]).get("source") is None:
+            latest_own[b["rank"]] = max(latest_own.get(b["rank"], 0), b["ts"])
+    pending: dict[int, list[dict[str, Any]]] = {}
+    for b in beats:
+        a = as_json(b["attrs"])
+        r = info[b["rank"]]
+        if not a.get("in_op") or (r["last_progress"] is not None and b["ts"] < r["last_progress"]):
+            continue
+        if a.get("source") is None and b["ts"] < latest_own.get(b["rank"], 0):
+            continue  # an older heartbeat of ours: the rank has left that collective since
+        pending.setdefault(b["rank"], []).append({
+            "op": a["in_op"], "grp": str(a.get("in_group") or "default"), "seq": a.get("in_seq"),
+            "bytes": a.get("in_bytes"), "ts": b["ts"], "age_ms": a.get("op_age_ms")})
+    return pending
+
+
+def _wavefronts(con: Any, pending_lists: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per group with a waiting rank: the slot most wait in, who waits, who never joined, who mismatches."""
+    if not pending_lists:
+        return []
+    groups = sorted({p["grp"] for ps in pending_lists.values() for p in ps})
+    done = rows(
+        con,
+        "SELECT grp, rank, max(seq) AS seq, max(gsize) AS gsize FROM colls WHERE grp IN (SELECT unnest(?)) GROUP BY grp, rank",
+        [groups],
+    )
+    members: dict[str, dict[int, int]] = {g: {} for g in groups}
+    size: dict[str, int] = {g: 0 for g in groups}
+    for d in done:
+        members[d["grp"]][d["rank"]] = d["seq"] or 0
+        size[d["grp"]] = max(size[d["grp"]], d["gsize"] or 0)
+    waves = []
+    for g in groups:
+        in_g = {r: p for r, ps in pending_lists.items() for p in ps if p["grp"] == g}
+        for r in in_g:
+            members[g].setdefault(r, 0)
+        seqs = Counter(p["seq"] for p in in_g.values())
+        seq = max(seqs, key=lambda s: (seqs[s], -(s or 0)))
+        at = {r: p for r, p in in_g.items() if p["seq"] == seq}
+        ops = Counter(p["op"] for p in at.values())
+        op = max(ops, key=lambda o: (ops[o], o))
+        sizes = Counter(p["bytes"] for p in at.values() if p["op"] == op and p["bytes"] is not None)
+        nbytes = max(sizes, key=lambda b: sizes[b]) if sizes else None
+        mismatched: dict[int, str] = {}
+        for r, p in in_g.items():
+            if p["seq"] != seq:
+                mismatched[r] = f"{p['op']} #{p['seq']}"
+            elif p["op"] != op:
+                mismatched[r] = f"{p['op']} #{p['seq']}"
+            elif nbytes is not None and p["bytes"] is not None and p["bytes"] != nbytes and op in _SAME_SIZE:
+                mismatched[r] = f"{p['op']} #{p['seq']} with {p['bytes']} bytes"
+        waiting = sorted(r for r in at if r not in mismatched)
+        joined = set(at) | {r for r, s in members[g].items() if s >= (seq or 0)}
+        missing = sorted(set(members[g]) - joined - set(mismatched))
+        waves.append({
+            "group": g, "seq": seq, "op": op, "bytes": nbytes, "waiting": waiting, "missing": missing,
+            "mismatched": {int(r): v for r, v in sorted(mismatched.items())},
+            "group_size": size[g] or len(members[g]), "members_seen": len(members[g]),
+            "waiting_since_ms": max((p["age_ms"] or 0 for p in at.values()), default=0),
+        })
+    return waves
+
+
+def _wave_text(w: dict[str, Any]) -> str:
+    txt = f"ranks {span_list(w['waiting'])} wait in {w['op']} #{w['seq']} (group {w['group']})"
+    if w["missing"]:
+        txt += f"; never joined: rank{'s' if len(w['missing']) > 1 else ''} {span_list(w['missing'])}"
+    unseen = w["group_size"] - w["members_seen"]
+    if unseen > 0:
+        txt += f"; {unseen} member(s) of the group recorded nothing in it"
+    return txt
+
+
+def _doing(r: dict[str, Any]) -> str:
+    beat = as_json(r["beat"])
+    if beat.get("in_op"):
+        return f"waiting in {beat['in_op']} #{beat.get('in_seq')} (group {beat.get('in_group')})"
+    if beat.get("in_span"):
+        return f"in {beat.get('in_cat', 'span')} '{beat['in_span']}' for {beat.get('span_age_ms', 0) / 1000:.1f}s"
+    if r["last_span"]:
+        return f"last finished {r['last_span_cat']} '{r['last_span']}'"
+    return "no span recorded"
+
+
+def _culprit_finding(con: Any, r: dict[str, Any], why: str, is_silent: bool, t_max: int, waves: list[dict[str, Any]],
+                     primary: dict[str, Any] | None, wave_txt: str, by_rank: dict[int, RankSummary]) -> Finding:
+    rank = r["rank"]
+    by_rank[rank].status = "silent" if is_silent else "stalled"
+    quiet_s = (t_max - (r["last_progress"] or r["last_ts"])) / 1e9
+    how = "silent (no heartbeat or event)" if is_silent else "stalled (alive, no progress)"
+    doing = _doing(r)
+    missed = [w for w in waves if rank in w["missing"]]
+    never = (f"; it never joined {missed[0]['op']} #{missed[0]['seq']} (group {missed[0]['group']})" if missed else "")
+    at = f" at step {r['last_step']}" if r["last_step"] is not None else ""
+    summary = (f"rank {rank} on node {r['node']} {how} for {quiet_s:.0f}s{at}: {doing}{never}"
+               + (f"; {wave_txt}" if wave_txt else ""))
+    logs = last_logs(con, rank)
+    stack = stack_dump(con, rank)
+    evidence = []
+    if r["last_span"]:
+        evidence.append(f"last span: {r['last_span_cat']} '{r['last_span']}' (step {r['last_step']})")
+    evidence += [line for line, _ in logs]
+    if stack and not any("main thread stack" in line for line, _ in logs):
+        evidence.append(f"stack dump ({stack['msg']}):\n{stack['exc'].rstrip()}")
+    details = {"doing": doing, "quiet_s": round(quiet_s, 3), "last_step": r["last_step"], "wavefront": wave_txt,
+               "why": why, "last_span": r["last_span"], "never_joined": [
+                   {"group": w["group"], "seq": w["seq"], "op": w["op"]} for w in missed],
+               "stack": stack["exc"] if stack else None, "wave": primary}
+    f = Finding("stalled_rank", "error", summary, [rank], [r["node"]],
+                [r["last_step"]] if r["last_step"] is not None else [], evidence, details)
+    refs: list[EventRef] = []
+    if r["last_span_ts"] is not None:
+        refs.append(EventRef(rank, int(r["last_span_ts"]), "span", r["last_step"], r["last_span_id"], r["last_span"]))
+    refs += [ref for _, ref in logs]
+    if stack:
+        refs.append(EventRef(rank, int(stack["ts"]), "log", stack["step"], stack["span_id"], "stack dump"))
+    if r["beat_ts"] is not None:
+        refs.append(EventRef(rank, int(r["beat_ts"]), "heartbeat", r["last_step"]))
+    return f.cite(refs)
+
+
+def _beat_refs(pending: dict[int, list[dict[str, Any]]], ranks: list[int]) -> list[EventRef]:
+    return [EventRef(r, int(p["ts"]), "heartbeat") for r in ranks for p in pending.get(r, [])[:1]]
+
+
+def _mismatch_finding(con: Any, w: dict[str, Any], by_rank: dict[int, RankSummary], hung: bool) -> Finding:
+    culprits = sorted(w["mismatched"])
+    for r in culprits:
+        by_rank[r].status = "mismatch"
+    what = "; ".join(f"rank {r} in {v}" for r, v in sorted(w["mismatched"].items()))
+    size = f" ({w['bytes']} bytes)" if w["bytes"] is not None else ""
+    summary = (f"collective mismatch in group {w['group']} at #{w['seq']}: ranks {span_list(w['waiting'])} call "
+               f"{w['op']}{size}, but {what}" + ("; the job hangs there" if hung else ""))
+    f = Finding("collective_mismatch", "error", summary, culprits, sorted({by_rank[r].node for r in culprits}), [],
+                [], {"group": w["group"], "seq": w["seq"], "expected_op": w["op"], "expected_bytes": w["bytes"],
+                     "mismatched": {str(k): v for k, v in w["mismatched"].items()}, "majority": w["waiting"],
+                     "hung": hung, "wavefront": _wave_text(w)})
+    stacks = [stack_dump(con, r) for r in culprits[:3]]
+    for r, s in zip(culprits, stacks):
+        if s:
+            f.evidence.append(f"rank {r} stack dump ({s['msg']}):\n{s['exc'].rstrip()}")
+            f.cite([EventRef(r, int(s["ts"]), "log", s["step"], s["span_id"], "stack dump")])
+    return f
+
+
+def _completed_mismatches(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary]) -> list[Finding]:
+    """Collectives that completed (or failed) with different ops or sizes in one (group, seq) slot."""
+    same = ",".join(repr(o) for o in sorted(_SAME_SIZE))
+    # Cheap first pass (min/max per slot), lists only for the few slots that disagree.
+    bad = rows(
+        con,
+        f"""WITH b AS (SELECT grp, seq FROM colls WHERE seq IS NOT NULL GROUP BY grp, seq
+                       HAVING min(op) <> max(op) OR (min(op) IN ({same}) AND min(bytes) <> max(bytes))
+                       ORDER BY min(ts) LIMIT {int(cfg.max_findings_per_kind)})
+            SELECT grp, seq, list(rank ORDER BY rank) AS ranks, list(op ORDER BY rank) AS ops,
+                   list(bytes ORDER BY rank) AS sizes, list(span_id ORDER BY rank) AS span_ids,
+                   list(ts ORDER BY rank) AS tss, min(step) AS step
+            FROM colls JOIN b USING (grp, seq) GROUP BY grp, seq ORDER BY min(ts)""",
+    )
+    out = []
+    for b in bad:
+        pairs = list(zip(b["ranks"], b["ops"], b["sizes"]))
+        common = Counter((op, size) for _, op, size in pairs).most_common(1)[0][0]
+        major = sorted(r for r, op, size in pairs if (op, size) == common)
+        odd = {r: f"{op} #{b['seq']}" + (f" with {size} bytes" if op == common[0] else "")
+               for r, op, size in pairs if (op, size) != common}
+        w = {"group": b["grp"], "seq": b["seq"], "op": common[0], "bytes": common[1], "waiting": major,
+             "missing": [], "mismatched": odd, "group_size": len(pairs), "members_seen": len(pairs)}
+        f = _mismatch_finding(con, w, by_rank, hung=False)
+        if b["step"] is not None:
+            f.steps = [b["step"]]
+        refs = [EventRef(r, int(t), "span", b["step"], s, op) for r, op, s, t in
+                zip(b["ranks"], b["ops"], b["span_ids"], b["tss"]) if r in odd][:10]
+        out.append(f.cite(refs))
+    return out
+
+
+def last_logs(con: Any, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
+    out = rows(
+        con,
+        """SELECT ts, level, logger, msg, exc, step, span_id FROM events WHERE rank = ? AND kind = 'log'
+           ORDER BY ts DESC LIMIT ?""",
+        [rank, n],
+    )
+    lines = []
+    for row in reversed(out):
+        line = f"last log: {row['level']} {row['logger']}: {row['msg']}"
+        if row["exc"] and str(row["logger"]).startswith("jobtrace"):
+            line += "\n" + row["exc"].rstrip()
+        lines.append((line, EventRef(rank, int(row["ts"]), "log", row["step"], row["span_id"], row["logger"])))
+    return lines
+
+
+def stack_dump(con: Any, rank: int) -> dict[str, Any] | None:
+    """The latest main-thread stack the heartbeat thread recorded for this rank."""
+    out = rows(
+        con,
+        """SELECT ts, msg, exc, step, span_id FROM events WHERE rank = ? AND kind = 'log' AND logger = 'jobtrace'
+           AND exc IS NOT NULL AND msg LIKE 'no progress for%' ORDER BY ts DESC LIMIT 1""",
+        [rank],
+    )
+    return out[0] if out else None
+

@@ -1,0 +1,364 @@
+"""Training health per rank and step: the anomalies that are not about speed between ranks.
+
+Rules (thresholds in :class:`AnalysisConfig`):
+
+* ``loss_nan`` / ``grad_nan``: the first step a rank reported a non-finite loss / grad norm.
+* ``loss_spike``: Megatron's rule, a loss above ``spike_factor`` × the max |loss| of the
+  previous ``spike_window`` values; or the robust rule, a loss ``spike_z`` robust standard
+  deviations (IQR / 1.349) above the trailing median and ``spike_min_rel`` above it.
+* ``grad_norm_high`` (above ``grad_norm_max`` when set) and ``grad_norm_explosion``
+  (``grad_explode_factor`` × the trailing median).
+* ``loss_scale_collapse``: the fp16 loss scale at or below ``loss_scale_min``.
+* ``lr_anomaly``: a non-finite or negative learning rate, ranks that disagree on it at
+  the same step, or a jump of ``lr_jump_factor`` × between consecutive steps.
+* ``memory_leak``: memory (CUDA allocated, else host RSS) whose *floor* (the lowest value
+  from a step on, so memory that is later freed does not count) rises by at least
+  ``leak_min_mb`` and ``leak_min_frac`` of its baseline, in several increments; it began
+  at the first step the floor left the baseline.
+* ``throughput_drop``: the job's step time (median over ranks), smoothed with a centred
+  rolling median, ``throughput_drop`` above the best it had been before.
+* ``data_wait``: ranks spending ``data_wait_frac`` of their step in the ``data`` phase.
+* ``comm_share_rising``: the transfer share of step time (the least any rank spent in a
+  step's collectives, so waiting for stragglers is not counted) rising by ``comm_rise``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from ._model import AnalysisConfig, EventRef, Finding, RankSummary, ids, ms, rows, span_list
+
+__all__ = ["analyze_health", "breakdown", "rolling_median"]
+
+
+def analyze_health(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str, n_steps: int,
+                   window: int) -> list[Finding]:
+    out: list[Finding] = []
+    out += _nonfinite(con, "loss", "loss_nan", "loss is NaN/Inf")
+    out += _nonfinite(con, "grad_norm", "grad_nan", "gradient norm is NaN/Inf")
+    out += _loss_spikes(con, cfg)
+    out += _grad_norm(con, cfg)
+    out += _loss_scale(con, cfg)
+    out += _lr(con, cfg)
+    out += _leaks(con, cfg, warm)
+    out += _data_wait(con, cfg, by_rank, warm)
+    out += _throughput(con, cfg, warm, window)
+    out += _comm_trend(con, cfg, warm, window)
+    return out
+
+
+def _metric_refs(con: Any, where: str, params: list[Any], limit: int = 10) -> list[EventRef]:
+    out = rows(con, f"SELECT rank, step, ts, span_id FROM mets WHERE {where} ORDER BY step, rank LIMIT {int(limit)}",
+               params)
+    return [EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in out]
+
+
+def _nonfinite(con: Any, col: str, kind: str, what: str) -> list[Finding]:
+    bad = f"(isnan({col}) OR isinf({col}))"
+    first = rows(con, f"""SELECT min(step) AS step, count(*) AS n, list(DISTINCT node) AS nodes
+                          FROM mets WHERE {col} IS NOT NULL AND {bad}""")[0]
+    if not first["n"]:
+        return []
+    ranks = rows(con, f"SELECT list(DISTINCT rank ORDER BY rank) AS r FROM mets WHERE {bad} AND step = ?",
+                 [first["step"]])[0]["r"]
+    all_ranks = rows(con, f"SELECT list(DISTINCT rank ORDER BY rank) AS r FROM mets WHERE {bad}")[0]["r"]
+    f = Finding(kind, "error",
+                f"{what} from step {first['step']} on ranks {span_list(ranks)} ({first['n']} non-finite values in "
+                f"all, on {len(all_ranks)} rank(s))",
+                ranks, sorted(first["nodes"]), [first["step"]], [], {"count": first["n"], "all_ranks": all_ranks})
+    return [f.cite(_metric_refs(con, f"{bad} AND step = ?", [first["step"]]))]
+
+
+def _loss_spikes(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+    n = int(cfg.spike_window)
+    spikes = rows(
+        con,
+        f"""WITH x AS (SELECT rank, step, ts, span_id, loss FROM mets WHERE loss IS NOT NULL AND isfinite(loss)),
+            w AS (
+              SELECT *, max(abs(loss)) OVER win AS recent_max, quantile_cont(loss, [0.25, 0.5, 0.75]) OVER win AS q,
+                     count(loss) OVER win AS n
+              FROM x WINDOW win AS (PARTITION BY rank ORDER BY step ROWS BETWEEN {n} PRECEDING AND 1 PRECEDING)),
+            s AS (
+              SELECT *, n >= 5 AND recent_max > 0 AND loss > ? * recent_max AS megatron,
+                     n >= 8 AND q[2] > 0 AND loss > q[2] + ? * greatest((q[3] - q[1]) / 1.349, 1e-3 * abs(q[2]))
+                       AND loss >= (1 + ?) * q[2] AS robust
+              FROM w)
+            SELECT step, list(DISTINCT rank ORDER BY rank) AS ranks, max(loss) AS loss, min(q[2]) AS recent,
+                   max(recent_max) AS recent_max, bool_or(megatron) AS megatron, bool_or(robust) AS robust,
+                   list(ts ORDER BY rank) AS tss, list(span_id ORDER BY rank) AS sids, list(rank ORDER BY rank) AS rs
+            FROM s WHERE megatron OR robust GROUP BY step ORDER BY step LIMIT {int(cfg.max_findings_per_kind)}""",
+        [cfg.spike_factor, cfg.spike_z, cfg.spike_min_rel],
+    )
+    out = []
+    for s in spikes:
+        rules = [r for r, on in (("megatron_10x", s["megatron"]), ("robust", s["robust"])) if on]
+        ratio = s["loss"] / s["recent"] if s["recent"] else float("inf")
+        f = Finding("loss_spike", "warning",
+                    f"loss spike at step {s['step']}: {s['loss']:.4g}, {ratio:.0f}x the recent median {s['recent']:.4g}"
+                    f" (max of the last {cfg.spike_window}: {s['recent_max']:.4g}; rule: {', '.join(rules)}; "
+                    f"ranks {span_list(s['ranks'])})",
+                    s["ranks"], [], [s["step"]], [],
+                    {"loss": s["loss"], "recent_median": s["recent"], "recent_max": s["recent_max"], "rules": rules})
+        out.append(f.cite([EventRef(r, int(t), "metric", s["step"], sid) for r, t, sid in
+                           zip(s["rs"], s["tss"], s["sids"])]))
+    return out
+
+
+def _grad_norm(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+    out = []
+    if cfg.grad_norm_max is not None:
+        hi = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks,
+                                 max(grad_norm) AS worst FROM mets WHERE isfinite(grad_norm) AND grad_norm > ?""",
+                  [cfg.grad_norm_max])[0]
+        if hi["n"]:
+            f = Finding("grad_norm_high", "warning",
+                        f"gradient norm above {cfg.grad_norm_max:g} from step {hi['step']} ({hi['n']} values, up to "
+                        f"{hi['worst']:.4g}; ranks {span_list(hi['ranks'])})",
+                        hi["ranks"], [], [hi["step"]], [], {"count": hi["n"], "max": hi["worst"],
+                                                            "threshold": cfg.grad_norm_max})
+            out.append(f.cite(_metric_refs(con, "isfinite(grad_norm) AND grad_norm > ?", [cfg.grad_norm_max])))
+    n = int(cfg.spike_window)
+    ex = rows(
+        con,
+        f"""WITH w AS (SELECT rank, step, grad_norm,
+                              median(grad_norm) OVER (PARTITION BY rank ORDER BY step ROWS BETWEEN {n} PRECEDING
+                                                      AND 1 PRECEDING) AS med,
+                              count(grad_norm) OVER (PARTITION BY rank ORDER BY step ROWS BETWEEN {n} PRECEDING
+                                                     AND 1 PRECEDING) AS n
+                       FROM mets WHERE grad_norm IS NOT NULL AND isfinite(grad_norm))
+            SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks,
+                   max(grad_norm / med) AS ratio, arg_max(grad_norm, grad_norm / med) AS worst,
+                   list(DISTINCT step ORDER BY step) AS steps
+            FROM w WHERE n >= 5 AND med > 0 AND grad_norm >= ? * med""",
+        [cfg.grad_explode_factor],
+    )[0]
+    if ex["n"]:
+        f = Finding("grad_norm_explosion", "warning",
+                    f"gradient norm exploded from step {ex['step']}: up to {ex['ratio']:.0f}x its recent median "
+                    f"({ex['worst']:.4g}; {ex['n']} values on ranks {span_list(ex['ranks'])})",
+                    ex["ranks"], [], ex["steps"][:20], [], {"count": ex["n"], "max_ratio": ex["ratio"]})
+        out.append(f.cite(_metric_refs(con, "step = ? AND grad_norm IS NOT NULL", [ex["step"]])))
+    return out
+
+
+def _loss_scale(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+    ls = rows(con, """SELECT min(step) FILTER (WHERE loss_scale <= ?) AS step, count(*) FILTER (WHERE loss_scale <= ?) AS n,
+                             max(loss_scale) AS peak, list(DISTINCT rank ORDER BY rank) FILTER (WHERE loss_scale <= ?) AS ranks,
+                             arg_min(loss_scale, step) FILTER (WHERE loss_scale <= ?) AS first_value
+                      FROM mets WHERE loss_scale IS NOT NULL""",
+              [cfg.loss_scale_min] * 4)[0]
+    if not ls["n"]:
+        return []
+    f = Finding("loss_scale_collapse", "error",
+                f"fp16 loss scale collapsed to {ls['first_value']:g} at step {ls['step']} (peak {ls['peak']:g}): "
+                f"gradients overflow every step, so updates are being skipped (ranks {span_list(ls['ranks'])})",
+                ls["ranks"], [], [ls["step"]], [], {"peak": ls["peak"], "count": ls["n"]})
+    return [f.cite(_metric_refs(con, "loss_scale <= ?", [cfg.loss_scale_min]))]
+
+
+def _lr(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+    out = []
+    bad = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks
+                       FROM mets WHERE lr IS NOT NULL AND (NOT isfinite(lr) OR lr < 0)""")[0]
+    if bad["n"]:
+        f = Finding("lr_anomaly", "error", f"learning rate is negative or non-finite from step {bad['step']} "
+                    f"(ranks {span_list(bad['ranks'])})", bad["ranks"], [], [bad["step"]], [],
+                    {"reason": "invalid", "count": bad["n"]})
+        out.append(f.cite(_metric_refs(con, "lr IS NOT NULL AND (NOT isfinite(lr) OR lr < 0)", [])))
+    dis = rows(con, """SELECT step, min(lr) AS lo, max(lr) AS hi, mode(lr) AS common, count(*) AS n
+                       FROM mets WHERE lr IS NOT NULL AND isfinite(lr) GROUP BY step
+                       HAVING max(lr) - min(lr) > 1e-9 * greatest(abs(max(lr)), 1e-30) ORDER BY step LIMIT 1""")
+    if dis:
+        d = dis[0]
+        odd = rows(con, "SELECT list(rank ORDER BY rank) AS r FROM mets WHERE step = ? AND lr <> ?",
+                   [d["step"], d["common"]])[0]["r"]
+        f = Finding("lr_anomaly", "warning",
+                    f"ranks disagree on the learning rate from step {d['step']}: ranks {span_list(odd)} differ from "
+                    f"{d['common']:.4g} (range {d['lo']:.4g}–{d['hi']:.4g}); a scheduler stepped unevenly?",
+                    odd, [], [d["step"]], [], {"reason": "ranks_disagree", "common": d["common"]})
+        out.append(f.cite(_metric_refs(con, "step = ? AND lr <> ?", [d["step"], d["common"]])))
+    jumps = rows(
+        con,
+        """WITH x AS (SELECT rank, step, lr, lag(lr) OVER (PARTITION BY rank ORDER BY step) AS prev FROM mets
+                      WHERE lr IS NOT NULL AND isfinite(lr))
+           SELECT step, max(lr / prev) AS ratio, list(DISTINCT rank ORDER BY rank) AS ranks, max(prev) AS prev,
+                  max(lr) AS lr
+           FROM x WHERE prev > 0 AND lr >= ? * prev GROUP BY step ORDER BY step LIMIT 5""",
+        [cfg.lr_jump_factor],
+    )
+    for j in jumps:
+        f = Finding("lr_anomaly", "info",
+                    f"learning rate jumped {j['ratio']:.1f}x at step {j['step']} ({j['prev']:.4g} → {j['lr']:.4g}); "
+                    f"a schedule restart, or a resumed job with a reset scheduler?",
+                    j["ranks"], [], [j["step"]], [], {"reason": "jump", "ratio": j["ratio"]})
+        out.append(f.cite(_metric_refs(con, "step = ? AND lr IS NOT NULL", [j["step"]])))
+    return out
+
+
+def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
+    has = rows(con, "SELECT count(cuda_allocated_bytes) AS cuda, count(rss_bytes) AS rss FROM mets")[0]
+    if has["cuda"]:
+        col, label = "cuda_allocated_bytes", "CUDA allocated memory"
+    elif has["rss"]:
+        col, label = "rss_bytes", "host RSS"
+    else:
+        return []
+    min_bytes = cfg.leak_min_mb * 1024 * 1024
+    leaks = rows(
+        con,
+        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets WHERE {col} IS NOT NULL AND ({warm})),
+            f AS (SELECT *, min(m) OVER (PARTITION BY rank ORDER BY step DESC
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS floor FROM x),
+            g AS (SELECT *, floor - lag(floor) OVER (PARTITION BY rank ORDER BY step) AS inc FROM f),
+            r AS (SELECT rank, any_value(node) AS node, arg_min(floor, step) AS f0, arg_max(floor, step) AS f1,
+                         max(inc) AS max_inc, count(*) FILTER (WHERE inc > 0) AS n_inc, min(step) AS s0,
+                         max(step) AS s1, arg_max(m, step) AS last_m
+                  FROM g GROUP BY rank),
+            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest(?, ? * f0) AND max_inc <= 0.5 * (f1 - f0) AND n_inc >= 3)
+            SELECT l.rank, l.node, l.f0, l.f1, l.s1, l.n_inc,
+                   (SELECT min(g.step) FROM g WHERE g.rank = l.rank AND g.floor > l.f0 + 0.02 * (l.f1 - l.f0)) AS start
+            FROM l ORDER BY l.rank""",
+        [min_bytes, cfg.leak_min_frac],
+    )
+    if not leaks:
+        return []
+    start = min(r["start"] for r in leaks)
+    growth = statistics.median(r["f1"] - r["f0"] for r in leaks)
+    end = max(r["s1"] for r in leaks)
+    rates = [(r["f1"] - r["f0"]) / max(1, r["s1"] - r["start"] + 1) for r in leaks]
+    ranks = [r["rank"] for r in leaks]
+    f = Finding("memory_leak", "warning",
+                f"memory leak on rank{'s' if len(ranks) > 1 else ''} {span_list(ranks)}: {label} grows "
+                f"{statistics.median(rates) / 2**20:.1f} MB/step from step {start} (+{growth / 2**20:.0f} MB by step "
+                f"{end}) and is never released",
+                ranks, sorted({r["node"] for r in leaks}), [start], [],
+                {"metric": col, "start_step": start, "growth_mb": round(growth / 2**20, 1),
+                 "mb_per_step": round(statistics.median(rates) / 2**20, 2),
+                 "per_rank": {str(r["rank"]): {"start_step": r["start"], "growth_mb": round((r["f1"] - r["f0"]) / 2**20, 1)}
+                              for r in leaks}})
+    refs = _metric_refs(con, f"rank IN ({ids(ranks[:5])}) AND step IN (?, ?) AND {col} IS NOT NULL", [start, end])
+    return [f.cite(refs)]
+
+
+def _data_wait(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str) -> list[Finding]:
+    per = rows(
+        con,
+        f"""SELECT rank, any_value(node) AS node, median(data_ns) AS data_ns, median(step_ns) AS step_ns,
+                   count(*) FILTER (WHERE data_ns >= 0.5 * step_ns) AS io_steps, count(*) AS n
+            FROM steps WHERE {warm} GROUP BY rank ORDER BY rank""",
+    )
+    for p in per:
+        if p["rank"] in by_rank and p["step_ns"]:
+            by_rank[p["rank"]].data_share = round((p["data_ns"] or 0) / p["step_ns"], 3)
+    slow = [p for p in per if p["step_ns"] and (p["data_ns"] or 0) >= cfg.data_wait_frac * p["step_ns"]
+            and (p["data_ns"] or 0) >= cfg.data_wait_min_ms * 1e6]
+    if not slow:
+        return []
+    ranks = [p["rank"] for p in slow]
+    share = statistics.median(p["data_ns"] / p["step_ns"] for p in slow)
+    data_ms = statistics.median(p["data_ns"] for p in slow) / 1e6
+    everyone = len(slow) == len(per)
+    others = [p for p in per if p["rank"] not in ranks]
+    who = "every rank" if everyone else f"rank{'s' if len(ranks) > 1 else ''} {span_list(ranks)}"
+    tail = ("the job is input-bound: the data loader cannot keep up" if everyone else
+            f"the other ranks wait for {'them' if len(ranks) > 1 else 'it'} in the step's collectives "
+            f"(their data wait: {statistics.median(p['data_ns'] or 0 for p in others) / 1e6:.1f} ms)" if others else "")
+    f = Finding("data_wait", "warning",
+                f"{who} spend{'s' if len(ranks) == 1 and not everyone else ''} {share:.0%} of the step waiting for data "
+                f"({data_ms:.1f} ms per step, median; {sum(p['io_steps'] for p in slow)} I/O-bound steps): {tail}",
+                ranks, sorted({p["node"] for p in slow}), [], [],
+                {"share": round(share, 3), "data_ms": round(data_ms, 3), "input_bound_job": everyone})
+    for r in ranks:
+        if by_rank[r].status == "ok":
+            by_rank[r].status = "data"
+    spans = rows(con, f"""SELECT rank, step, ts, span_id FROM events WHERE kind = 'span' AND cat = 'phase'
+                          AND name = 'data' AND rank IN ({ids(ranks)}) ORDER BY dur DESC LIMIT 10""")
+    return [f.cite([EventRef(s["rank"], int(s["ts"]), "span", s["step"], s["span_id"], "data") for s in spans])]
+
+
+def rolling_median(values: list[float], width: int) -> list[float]:
+    """Centred rolling median (shorter windows at the edges)."""
+    h = max(1, width) // 2
+    return [statistics.median(values[max(0, i - h): i + h + 1]) for i in range(len(values))]
+
+
+def _throughput(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
+    per = rows(con, f"SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {warm} GROUP BY step ORDER BY step")
+    if len(per) < 4 * window:
+        return []  # too short to tell a drop from noise
+    smooth = rolling_median([p["ns"] for p in per], window)
+    h = max(1, window) // 2
+    best = math.inf
+    start = None
+    for i, v in enumerate(smooth):
+        if i >= h and v >= (1 + cfg.throughput_drop) * best:
+            start = i
+            break
+        if i >= h:
+            best = min(best, v)
+    if start is None:
+        return []
+    # The drop must last: at least a window of slow steps after its start.
+    tail = smooth[start:start + window]
+    if len(tail) < max(3, window // 2) or statistics.median(tail) < (1 + cfg.throughput_drop) * best:
+        return []
+    if statistics.median(tail) - best < cfg.throughput_min_ms * 1e6:
+        return []
+    back = next((j for j in range(start + window, len(smooth)) if smooth[j] < (1 + cfg.throughput_drop / 2) * best), None)
+    after = statistics.median(smooth[start:back] if back else smooth[start:])
+    s = per[start]["step"]
+    rec = f"; recovered at step {per[back]['step']}" if back is not None else "; it did not recover"
+    f = Finding("throughput_drop", "warning",
+                f"throughput dropped {1 - best / after:.0%} from step {s}: median step {after / 1e6:.1f} ms vs "
+                f"{best / 1e6:.1f} ms before{rec}",
+                [], [], [s] + ([per[back]["step"]] if back is not None else []), [],
+                {"start_step": s, "before_ms": ms(best), "after_ms": ms(after),
+                 "recovered_step": per[back]["step"] if back is not None else None})
+    refs = rows(con, "SELECT rank, step, t1, span_id FROM steps WHERE step = ? ORDER BY step_ns DESC LIMIT 5", [s])
+    return [f.cite([EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in refs])]
+
+
+def breakdown(con: Any, warm: str, window: int) -> dict[str, Any]:
+    """HTA-style temporal breakdown of the job, and the communication share per window."""
+    tot = rows(con, f"""SELECT sum(step_ns) AS step, sum(compute_ns) AS compute, sum(coll_ns) AS coll,
+                               sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {warm}""")[0]
+    if not tot["step"]:
+        return {}
+    per_win = rows(
+        con,
+        f"""WITH p AS (SELECT step, min(coll_ns) AS transfer, median(step_ns) AS st, sum(coll_ns) AS coll,
+                              sum(step_ns) AS total FROM steps WHERE {warm} GROUP BY step),
+                 b AS (SELECT min(step) AS s0 FROM p)
+            SELECT (step - b.s0) // {int(window)} AS win, min(step) AS s_lo, max(step) AS s_hi,
+                   round(sum(coll) / sum(total), 4) AS comm_share, round(sum(transfer) / sum(st), 4) AS transfer_share
+            FROM p, b GROUP BY win ORDER BY win""",
+    )
+    step = tot["step"]
+    return {
+        "compute_share": round(tot["compute"] / step, 4),
+        "comm_share": round(tot["coll"] / step, 4),
+        "data_share": round(tot["data"] / step, 4),
+        "idle_share": round((tot["idle"] or 0) / step, 4) if tot["idle"] is not None else None,
+        "windows": per_win,
+        "overlap": None,  # synchronous collectives on the training thread cannot overlap compute
+    }
+
+
+def _comm_trend(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
+    b = breakdown(con, warm, window)
+    wins = b.get("windows", [])
+    if len(wins) < 4:
+        return []
+    first, last = wins[0], wins[-1]
+    base = first["transfer_share"] or 0
+    # Sustained: the last two windows both above the first by the margin.
+    if any((w["transfer_share"] or 0) - base < cfg.comm_rise or (w["transfer_share"] or 0) < 1.5 * base
+           for w in wins[-2:]):
+        return []
+    return [Finding("comm_share_rising", "warning",
+                    f"communication share of step time rose from {first['transfer_share']:.0%} (steps "
+                    f"{first['s_lo']}–{first['s_hi']}) to {last['transfer_share']:.0%} (steps {last['s_lo']}–"
+                    f"{last['s_hi']}), not counting waits for stragglers: the network or the payload grew",
+                    [], [], [first["s_lo"], last["s_hi"]], [], {"windows": wins})]

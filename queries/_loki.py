@@ -1,0 +1,319 @@
+"""``trace-job --backend loki``: fetch a job's events from Loki's ``query_range`` API.
+
+Loki returns at most ``limit`` entries per query (``max_entries_limit_per_query``,
+5000 by default), so a job of 1,000 ranks takes many queries. How they are made:
+
+1. **Where is the job?** One metric query, ``sum(count_over_time({job=…}[step]))``
+   over the whole ``--since/--until`` range, gives the number of lines per time
+   bucket. Empty buckets are never fetched (a 7-day default range costs nothing for
+   a 20-minute job), and the counts size the windows below.
+2. **Windows in parallel.** The non-empty time is cut into windows of about
+   ``window_lines`` lines, fetched by ``parallel`` threads (Loki answers queries
+   over disjoint time ranges independently; the GIL is released while waiting).
+3. **Pages within a window,** like logcli's batch mode: ``direction=forward``, the
+   next page starts at the last entry's timestamp (``start`` is inclusive), and the
+   entries of that timestamp already seen are dropped as duplicates. A full page on
+   one nanosecond (which stalls logcli) is read stream by stream instead: the
+   ``series`` API lists the streams, and each is fetched for that nanosecond alone.
+
+The selector comes from the query library (``job_events``), with the job id escaped,
+and the request asks for ``categorize-labels`` so that Loki 3.x returns structured
+metadata beside each line instead of splitting every entry into its own stream.
+Lines are the canonical JSON events; they end in :func:`queries._store.load_events`,
+so the report is the one the embedded store gives.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import orjson
+
+from jobtrace.errors import BackendUnavailable, ConfigError, JobNotFound, QueryError
+
+from ._backends import TimeRange
+from ._store import JobData, ReadStats, load_events
+
+__all__ = ["LokiReader", "load_loki", "query_base"]
+
+_HEADERS = {"Accept": "application/json", "X-Loki-Response-Encoding-Flags": "categorize-labels",
+            "User-Agent": "jobtrace-trace-job"}
+_MAX_POINTS = 10_000  # Loki refuses more than 11,000 points per series
+_MAX_ENTRIES = re.compile(r"max entries limit per query exceeded.*?\(\d+ > (\d+)\)")
+
+
+def query_base(url: str) -> str:
+    """The API root for a URL a user gave: push or query endpoints are trimmed back to it."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    for suffix in ("/loki/api/v1/push", "/loki/api/v1/query_range", "/loki/api/v1", "/api/v1/push"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    if not path.endswith("/loki"):
+        path += "/loki"
+    return urlunsplit(parts._replace(path=path + "/api/v1", query="", fragment=""))
+
+
+def _safe(url: str) -> str:
+    parts = urlsplit(url)
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    lines: int = 0
+    duplicates: int = 0
+
+
+class LokiReader:
+    """Fetches every line of one selector over a time range; see the module docstring."""
+
+    def __init__(self, url: str, transport: Any, *, tenant: str | None = None, limit: int = 5000,
+                 parallel: int = 4, window_lines: int = 50_000, timeout_s: float = 60.0,
+                 retries: int = 4) -> None:
+        if limit < 2:
+            raise ConfigError("the Loki page limit must be at least 2")
+        self.base = query_base(url)
+        self.transport = transport
+        self.limit = limit
+        self.parallel = max(1, parallel)
+        self.window_lines = max(limit, window_lines)
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.headers = dict(_HEADERS)
+        if tenant:
+            self.headers["X-Scope-OrgID"] = tenant
+        self.counters = _Counters()
+        self._lock = threading.Lock()
+
+    # ---- HTTP ------------------------------------------------------------------------------------
+    def get(self, path: str, params: dict[str, Any]) -> Any:
+        from shippers._transport import Request, RetryPolicy
+
+        url = f"{self.base}/{path}?{urlencode(params)}"
+        policy = RetryPolicy(initial_s=0.5, max_s=8.0)
+        for attempt in range(self.retries + 1):
+            with self._lock:
+                self.counters.requests += 1
+            try:
+                response = self.transport.send(Request("GET", url, b"", self.headers), self.timeout_s)
+            except BackendUnavailable as exc:
+                if attempt == self.retries:
+                    raise QueryError(f"cannot reach Loki at {_safe(self.base)}: {exc}") from None
+                time.sleep(policy.delay(attempt))
+                continue
+            if response.status == 200:
+                try:
+                    doc = orjson.loads(response.body)
+                except orjson.JSONDecodeError:
+                    raise QueryError(f"Loki at {_safe(self.base)} answered something that is not JSON") from None
+                if doc.get("status") not in (None, "success"):
+                    raise QueryError(f"Loki query failed: {str(doc.get('error'))[:500]}")
+                data = doc.get("data")
+                return {} if data is None else data
+            text = " ".join(response.body[:1000].decode("utf-8", "replace").split())
+            if policy.retryable(response.status) and attempt < self.retries:
+                time.sleep(policy.delay(attempt, response.header("Retry-After")))
+                continue
+            if response.status in (401, 403):
+                raise QueryError(f"Loki at {_safe(self.base)} refused the credentials (HTTP {response.status}): "
+                                 f"check JOBTRACE_LOKI_USERNAME/_PASSWORD/_TOKEN/_TENANT")
+            raise QueryError(f"Loki query failed with HTTP {response.status}: {text}")
+        raise QueryError("unreachable")  # pragma: no cover
+
+    # ---- planning ----------------------------------------------------------------------------------
+    def histogram(self, selector: str, start_ns: int, end_ns: int) -> tuple[int, list[tuple[int, int]]] | None:
+        """(bucket length ns, [(bucket end ns, lines)]) for the non-empty buckets, or None if unknown."""
+        span_s = max(1.0, (end_ns - start_ns) / 1e9)
+        step_s = max(1, math.ceil(span_s / _MAX_POINTS))
+        if step_s > 60:
+            step_s = math.ceil(step_s / 60) * 60
+        try:
+            data = self.get("query_range", {
+                "query": f"sum(count_over_time({selector} [{step_s}s]))",
+                "start": str(start_ns), "end": str(end_ns), "step": f"{step_s}s",
+            })
+        except QueryError:
+            return None
+        if data.get("resultType") != "matrix":
+            return None
+        buckets: dict[int, int] = {}
+        for series in data.get("result") or []:
+            for t, v in series.get("values") or []:
+                n = int(float(v))
+                if n > 0:
+                    t_ns = int(round(float(t) * 1e9))
+                    buckets[t_ns] = buckets.get(t_ns, 0) + n
+        return step_s * 1_000_000_000, sorted(buckets.items())
+
+    def windows(self, selector: str, start_ns: int, end_ns: int) -> list[tuple[int, int]]:
+        """Disjoint ``[start, end)`` windows covering every non-empty part of the range."""
+        hist = self.histogram(selector, start_ns, end_ns)
+        if hist is None:
+            return self._even(start_ns, end_ns, self.parallel)
+        step, buckets = hist
+        if not buckets:
+            return []
+        # A point at t counts lines in (t - step, t]; pad by a step on both sides against
+        # alignment and clock differences, then merge what touches.
+        spans: list[list[int]] = []
+        for t, n in buckets:
+            a, b = max(start_ns, t - 2 * step), min(end_ns, t + step + 1)
+            if a >= b:
+                continue
+            if spans and a <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], b)
+                spans[-1][2] += n
+            else:
+                spans.append([a, b, n])
+        out: list[tuple[int, int]] = []
+        for a, b, n in spans:
+            pieces = max(1, min(math.ceil(n / self.window_lines), (b - a) // 1_000_000))
+            out += self._even(a, b, pieces)
+        return out
+
+    @staticmethod
+    def _even(start_ns: int, end_ns: int, pieces: int) -> list[tuple[int, int]]:
+        size = max(1, (end_ns - start_ns) // pieces)
+        edges = [start_ns + i * size for i in range(pieces)] + [end_ns]
+        return [(edges[i], edges[i + 1]) for i in range(pieces) if edges[i] < edges[i + 1]]
+
+    # ---- fetching ------------------------------------------------------------------------------------
+    def fetch_window(self, selector: str, start_ns: int, end_ns: int) -> list[tuple[int, str]]:
+        """Every ``(ts, line)`` in ``[start, end)``, paging forward (see the module docstring)."""
+        out: list[tuple[int, str]] = []
+        start = start_ns
+        seen_at_start: set[str] = set()
+        while start < end_ns:
+            entries = self._page(selector, start, end_ns)
+            full = len(entries) >= self.limit
+            if full and all(ts == start for ts, _ in entries):
+                # A whole page on one nanosecond: paging by time cannot pass it; read it stream by stream.
+                every = self._fetch_instant(selector, start)
+                fresh = [e for e in every if e[1] not in seen_at_start]
+                self._count(len(fresh), len(every) - len(fresh))
+                out += fresh
+                start, seen_at_start = start + 1, set()
+                continue
+            fresh = [e for e in entries if not (e[0] == start and e[1] in seen_at_start)]
+            self._count(len(fresh), len(entries) - len(fresh))
+            out += fresh
+            if not full:
+                break
+            last = max(e[0] for e in entries)
+            at_last = {line for ts, line in entries if ts == last}
+            seen_at_start = (seen_at_start | at_last) if last == start else at_last
+            start = last
+        return out
+
+    def _count(self, lines: int, duplicates: int) -> None:
+        with self._lock:
+            self.counters.lines += lines
+            self.counters.duplicates += duplicates
+
+    def _page(self, selector: str, start: int, end: int) -> list[tuple[int, str]]:
+        while True:
+            try:
+                data = self.get("query_range", {
+                    "query": selector, "start": str(start), "end": str(end), "limit": str(self.limit),
+                    "direction": "forward",
+                })
+            except QueryError as exc:
+                # The server's max_entries_limit_per_query is lower than our page size: use its limit.
+                m = _MAX_ENTRIES.search(str(exc))
+                if m is None or int(m.group(1)) >= self.limit or int(m.group(1)) < 2:
+                    raise
+                self.limit = int(m.group(1))
+                continue
+            return list(_entries(data))
+
+    def _fetch_instant(self, selector: str, ts: int) -> list[tuple[int, str]]:
+        """All entries at exactly ``ts``: one query per stream (from the series API)."""
+        from shippers._loki import label_string
+
+        series = self.get("series", {"match[]": selector, "start": str(ts), "end": str(ts + 1)})
+        out: list[tuple[int, str]] = []
+        for labels in series if isinstance(series, list) else []:
+            entries = self._page(label_string(labels), ts, ts + 1)
+            if len(entries) >= self.limit:
+                raise QueryError(
+                    f"more than {self.limit} lines of one stream share the timestamp {ts} ns; paging cannot get "
+                    f"past it (raise max_entries_limit_per_query on the server and JOBTRACE_LOKI_QUERY_LIMIT)")
+            out += entries
+        return out
+
+    def fetch(self, selector: str, start_ns: int, end_ns: int) -> Iterator[tuple[int, str]]:
+        windows = self.windows(selector, start_ns, end_ns)
+        if not windows:
+            return iter(())
+        if len(windows) == 1 or self.parallel == 1:
+            return (e for w in windows for e in self.fetch_window(selector, *w))
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="jobtrace-loki-read") as pool:
+            parts = list(pool.map(lambda w: self.fetch_window(selector, *w), windows))
+        return (e for part in parts for e in part)
+
+
+def _entries(data: dict[str, Any]) -> Iterator[tuple[int, str]]:
+    """``(ts ns, line)`` of a streams result, in either encoding (categorized labels or not)."""
+    if data.get("resultType") not in (None, "streams"):
+        raise QueryError(f"expected a streams result from Loki, got {data.get('resultType')!r}")
+    for stream in data.get("result") or []:
+        for value in stream.get("values") or []:
+            yield int(value[0]), value[1]
+
+
+def _events(job_id: str, lines: Iterable[tuple[int, str]], stats: ReadStats) -> Iterator[dict[str, Any]]:
+    loads = orjson.loads
+    for _, line in lines:
+        stats.lines += 1
+        try:
+            event = loads(line)
+        except orjson.JSONDecodeError:
+            stats.skipped["not JSON (not written by jobtrace)"] = stats.skipped.get("not JSON (not written by jobtrace)", 0) + 1
+            continue
+        if not isinstance(event, dict) or "kind" not in event or event.get("job") != job_id:
+            stats.skipped["not a jobtrace event of this job"] = stats.skipped.get("not a jobtrace event of this job", 0) + 1
+            continue
+        yield event
+
+
+def load_loki(job_id: str, *, url: str | None = None, time_range: TimeRange, transport: Any = None,
+              limit: int | None = None, parallel: int | None = None, **options: Any) -> JobData:
+    """Load ``job_id`` from Loki (``url`` or ``JOBTRACE_LOKI_URL``; auth and tenant from ``JOBTRACE_LOKI_*``)."""
+    import loki
+    from shippers._transport import HttpConfig, RequestsTransport
+
+    config = HttpConfig.from_env("JOBTRACE_LOKI", url)
+    reader = LokiReader(
+        config.url, transport or RequestsTransport(config), tenant=config.tenant,
+        limit=limit or int(os.environ.get("JOBTRACE_LOKI_QUERY_LIMIT", "5000")),
+        parallel=parallel or int(os.environ.get("JOBTRACE_LOKI_QUERY_PARALLEL", "4")),
+        **options,
+    )
+    selector = loki.library().render("job_events", job=job_id)
+    stats = ReadStats(files=0)
+    lines = reader.fetch(selector, time_range.start_ns, time_range.end_ns)
+    try:
+        job = load_events(job_id, _events(job_id, lines, stats), f"loki:{_safe(reader.base)}", stats)
+    except JobNotFound:
+        raise JobNotFound(f"no events for job {job_id!r} in Loki at {_safe(reader.base)} between "
+                          f"{_iso(time_range.start_ns)} and {_iso(time_range.end_ns)} (widen with --since)") from None
+    finally:
+        if transport is None:
+            reader.transport.close()
+    return job
+
+
+def _iso(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9))

@@ -1,0 +1,266 @@
+"""The data a diagnosis is made of: configuration, findings with their evidence, summaries, the report.
+
+Everything here is plain data (dataclasses of numbers, strings, lists and dicts) so a
+:class:`Report` turns into JSON without custom encoders and reads the same from the
+rich renderer, the HTML timeline and a pipeline that gates on ``--json``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "AnalysisConfig",
+    "EventRef",
+    "Finding",
+    "NodeSummary",
+    "RankSummary",
+    "Report",
+]
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """Thresholds of every check, with the defaults the anchors use where they have one.
+
+    Times are in seconds (``*_s``) or milliseconds (``*_ms``) as named; factors are plain ratios.
+    """
+
+    # --- hang / stall -------------------------------------------------------------------------
+    stall_s: float = 300.0
+    """Seconds without progress (silent: without any event) before a rank counts as stalled."""
+    # --- stragglers -----------------------------------------------------------------------------
+    slow_factor: float = 1.3
+    """A rank is slow when its median compute per step is at least this many times the median rank's."""
+    min_excess_ms: float = 2.0
+    """…and at least this many milliseconds longer (tiny steps make ratios meaningless)."""
+    straggler_score: float = 0.75
+    """NVRx's threshold: a score (reference median ÷ this rank's median) below it is flagged."""
+    window_steps: int = 0
+    """Steps per sliding window; 0 picks ``clamp(steps // 8, 3, 100)``."""
+    chronic_fraction: float = 0.5
+    """A rank flagged in at least this share of windows (or in every window to the end) is chronic."""
+    one_off_factor: float = 3.0
+    """A single step whose own time (step minus collective wait) is this many times the rank's median…"""
+    one_off_min_ms: float = 100.0
+    """…and at least this much longer is a one-off stall."""
+    late_share: float = 0.5
+    """A rank that arrives last at a collective in at least this share of instances is a late arriver."""
+    # --- training health ----------------------------------------------------------------------
+    spike_factor: float = 10.0
+    """Megatron's rule: a loss above this many times the max |loss| of the last ``spike_window`` values."""
+    spike_window: int = 100
+    spike_z: float = 8.0
+    """Robust rule: a loss this many scaled MADs above the trailing median (and ``spike_min_rel`` above it)."""
+    spike_min_rel: float = 0.5
+    grad_norm_max: float | None = None
+    """Absolute grad-norm limit; ``None`` checks only explosions relative to the history."""
+    grad_explode_factor: float = 10.0
+    loss_scale_min: float = 1.0
+    """fp16 dynamic loss scale at or below this has collapsed (Megatron's default minimum is 1)."""
+    lr_jump_factor: float = 3.0
+    leak_min_mb: float = 32.0
+    """Memory that grows by at least this much (and ``leak_min_frac`` of its baseline) and never returns."""
+    leak_min_frac: float = 0.02
+    throughput_drop: float = 0.25
+    """A window whose median step time is this much above the job's best window is a throughput drop…"""
+    throughput_min_ms: float = 5.0
+    """…and at least this many milliseconds per step slower."""
+    data_wait_frac: float = 0.2
+    """A rank spending at least this share of its step in the ``data`` phase is input-bound…"""
+    data_wait_min_ms: float = 5.0
+    """…when that is also at least this many milliseconds per step."""
+    comm_rise: float = 0.2
+    """Communication share of step time rising by this much (absolute) from the first window to the last."""
+    warmup_steps: int = 1
+    """Leading steps left out of per-step statistics (allocation, compilation, first collectives)."""
+    golden_tolerance: float = 0.25
+    """Relative headroom above a golden run's (smoothed) series before a deviation counts."""
+    golden_smooth_steps: int = 5
+    golden_persist_steps: int = 3
+    max_findings_per_kind: int = 20
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EventRef:
+    """One event a finding cites: enough to find it again in any backend."""
+
+    rank: int
+    ts: int
+    kind: str
+    step: int | None = None
+    span_id: str | None = None
+    name: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class Finding:
+    """One verdict with the evidence behind it. ``kind`` is a stable identifier for machines.
+
+    ``refs`` are the events the verdict rests on (rank, timestamp, step, span id), ``time_range``
+    the nanosecond span they cover, and ``links`` open exactly those events in the user's
+    backend (Grafana Explore, Kibana Discover) when one is configured.
+    """
+
+    kind: str
+    severity: str
+    summary: str
+    ranks: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    refs: list[dict[str, Any]] = field(default_factory=list)
+    time_range: list[int] = field(default_factory=list)
+    links: dict[str, str] = field(default_factory=dict)
+
+    def cite(self, refs: list[EventRef] | list[dict[str, Any]], limit: int = 20) -> Finding:
+        """Attach cited events (at most ``limit``) and widen ``time_range`` to cover them."""
+        for ref in refs[:limit]:
+            d = ref.to_dict() if isinstance(ref, EventRef) else {k: v for k, v in ref.items() if v is not None}
+            self.refs.append(d)
+        stamps = [r["ts"] for r in self.refs if isinstance(r.get("ts"), int)] + list(self.time_range)
+        if stamps:
+            self.time_range = [min(stamps), max(stamps)]
+        return self
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    node: str
+    steps: int
+    step_ms: float | None
+    compute_ms: float | None
+    collective_ms: float | None
+    data_ms: float | None
+    last_step: int | None
+    last_seen_s: float
+    status: str = "ok"
+    score: float | None = None
+    """Relative straggler score: the fastest rank's median compute ÷ this rank's (1 = fastest)."""
+    individual_score: float | None = None
+    """This rank's best window median ÷ its latest window median (1 = as fast as it ever was)."""
+    slow_windows: int = 0
+    windows: int = 0
+    last_arrivals: int = 0
+    """Collectives this rank arrived at last (clock-free: it waited least)."""
+    late_ms: float | None = None
+    """Median lead of the median rank over this rank when it arrived last."""
+    comm_share: float | None = None
+    data_share: float | None = None
+    idle_ms: float | None = None
+
+
+@dataclass
+class NodeSummary:
+    node: str
+    ranks: list[int]
+    compute_ms: float | None
+    score: float | None
+    slow_ranks: list[int] = field(default_factory=list)
+    last_arrivals: int = 0
+
+
+@dataclass
+class Report:
+    job_id: str
+    trace_ids: list[str]
+    source: str
+    ranks: int
+    world_size: int
+    nodes: list[str]
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    wall_s: float
+    step_ms_median: float | None
+    steps_per_s: float | None
+    throughput: dict[str, float]
+    events: int
+    skipped: dict[str, int]
+    per_rank: list[RankSummary]
+    per_step: list[dict[str, Any]]
+    findings: list[Finding]
+    per_node: list[NodeSummary] = field(default_factory=list)
+    breakdown: dict[str, Any] = field(default_factory=dict)
+    """Job-wide time shares (compute, communication, data, idle), the communication share per window."""
+    collectives: dict[str, Any] = field(default_factory=dict)
+    """Collective matching: groups, instances, last arrivers, the wavefront when the job hangs."""
+    golden: list[str] = field(default_factory=list)
+    """Reference runs this job was compared with."""
+    t_min: int = 0
+    t_max: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        return not any(f.severity in ("error", "warning") for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["healthy"] = self.healthy
+        return _finite(d)
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN: non-finite floats become the strings ``"NaN"``/``"Infinity"`` like the events."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+# ---- helpers shared by the analysis modules --------------------------------------------------
+
+
+def rows(con: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
+    """Run a query and return its rows as dicts."""
+    cur = con.execute(sql, params or [])
+    names = [c[0] for c in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def ms(ns: float | None) -> float | None:
+    return None if ns is None else round(ns / 1e6, 3)
+
+
+def as_json(value: Any) -> dict[str, Any]:
+    """A JSON column value (text or already a dict) as a dict; anything else as ``{}``."""
+    if value is None:
+        return {}
+    if isinstance(value, (bytes, str)):
+        try:
+            out = orjson.loads(value)
+            return out if isinstance(out, dict) else {}
+        except orjson.JSONDecodeError:
+            return {}
+    return dict(value)
+
+
+def span_list(ranks: list[int]) -> str:
+    """Compact ``0-3,5,7-9`` list of ranks."""
+    parts: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if parts and parts[-1][1] == r - 1:
+            parts[-1][1] = r
+        else:
+            parts.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def ids(values: list[int]) -> str:
+    """An SQL list of integers (values are ints we produced, never user text)."""
+    return ",".join(str(int(v)) for v in values) or "NULL"

@@ -1,0 +1,387 @@
+"""Stragglers: who is slow, how much, since when, and whether it is chronic or a one-off.
+
+Definitions (all on the ``steps`` and ``colls`` tables, so any backend gives the same):
+
+* **Compute** of a rank in a step is the step span minus the synchronous collective time
+  minus the ``data`` phase: the time it spent on its own work. Collective time is mostly
+  waiting for the slowest rank, so it is excluded from the rank's own speed.
+* **Relative score** (NVRx): the fastest rank's median compute ÷ this rank's median, per
+  sliding window of ``window_steps`` steps and over the whole job. 1 is the fastest rank.
+* **Individual score** (NVRx): the rank's best window median ÷ its latest window median;
+  below the threshold the rank got slower than it used to be.
+* A rank is **flagged in a window** when its relative score is below ``straggler_score``,
+  its median is at least ``slow_factor`` times the median rank's and ``min_excess_ms``
+  longer (ratios of tiny steps are noise). Flagged in at least ``chronic_fraction`` of the
+  windows, or in every window from some step to the end, it is **chronic** (``slow_rank``,
+  or ``slow_node`` when every rank of one node is, and not every node); flagged in fewer it
+  had a **slow episode**. Window medians ignore a single long step, so a one-off stall
+  never makes a rank chronic: such steps are reported apart as ``transient_stall``.
+* **Late arrival** (HTA's and DeepSpeed's idea, made clock-free): the ranks of one
+  collective instance (same group and sequence number) leave it together, so the rank
+  that waited least arrived last, and the median rank arrived ``median wait − its wait``
+  earlier. No cross-node clock comparison is needed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows, span_list
+
+__all__ = ["analyze_stragglers", "late_arrivals", "window_size"]
+
+
+def window_size(cfg: AnalysisConfig, n_steps: int) -> int:
+    if cfg.window_steps > 0:
+        return cfg.window_steps
+    return max(5, min(100, n_steps // 8))
+
+
+def late_arrivals(con: Any, n_ranks: int) -> dict[str, Any]:
+    """Per collective instance, who arrived last and by how much; summed per rank and op."""
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE inst AS
+        SELECT grp, seq, count(*) AS n, min(dur) AS dmin, median(dur) AS dmed, arg_min(rank, dur) AS last_rank,
+               any_value(op) AS op, count(DISTINCT op) AS n_ops, min(step) AS step, max(ts) AS ts
+        FROM colls WHERE NOT is_async AND seq IS NOT NULL AND (gsize IS NULL OR gsize > 1)
+        GROUP BY grp, seq HAVING count(*) >= 2
+        """
+    )
+    per_rank = {
+        r["rank"]: r
+        for r in rows(
+            con,
+            """SELECT last_rank AS rank, count(*) AS n_last, median(dmed - dmin) AS lead_ns,
+                      sum(dmed - dmin) AS lead_total_ns
+               FROM inst GROUP BY last_rank""",
+        )
+    }
+    total = rows(con, "SELECT count(*) AS n FROM inst")[0]["n"]
+    ops = rows(
+        con,
+        """SELECT i.op, count(*) AS instances, round(median(c.dur) / 1e6, 3) AS median_ms,
+                  round(median(c.dur - i.dmin) / 1e6, 3) AS median_wait_ms
+           FROM inst i JOIN colls c ON c.grp = i.grp AND c.seq = i.seq AND NOT c.is_async
+           GROUP BY i.op ORDER BY sum(c.dur) DESC LIMIT 10""",
+    ) if total else []
+    return {"instances": total, "per_rank": per_rank, "ops": ops, "ranks": n_ranks}
+
+
+def _late_threshold(cfg: AnalysisConfig, n_ranks: int) -> float:
+    # With few ranks someone is always last; demand more than chance.
+    return max(cfg.late_share, min(0.9, 2.0 / max(n_ranks, 1)))
+
+
+def analyze_stragglers(
+    con: Any,
+    cfg: AnalysisConfig,
+    ranks: list[dict[str, Any]],
+    by_rank: dict[int, RankSummary],
+    warm: str,
+    n_steps: int,
+    late: dict[str, Any],
+) -> tuple[list[Finding], list[NodeSummary], dict[str, Any]]:
+    """Slow ranks/nodes, slow episodes, one-off stalls and late arrivers; node summaries."""
+    findings: list[Finding] = []
+    timed = [r for r in ranks if r["compute_ns"] is not None]
+    w = window_size(cfg, n_steps)
+    info: dict[str, Any] = {"window_steps": w}
+    # Late arrival counts go on every rank, whether or not it is slow.
+    for rank, lr in late["per_rank"].items():
+        if rank in by_rank:
+            by_rank[rank].last_arrivals = int(lr["n_last"])
+            by_rank[rank].late_ms = ms(lr["lead_ns"])
+    nodes = _node_summaries(timed, late, by_rank)
+    if len(timed) < 2:
+        return findings, nodes, info
+    fastest = min(r["compute_ns"] for r in timed) or 1
+    for r in timed:
+        by_rank[r["rank"]].score = round(fastest / r["compute_ns"], 3) if r["compute_ns"] else 1.0
+
+    per_rank_win = _windows(con, cfg, warm, w)
+    for r, wr in per_rank_win.items():
+        if r in by_rank:
+            by_rank[r].individual_score = None if wr["ind_last"] is None else round(wr["ind_last"], 3)
+            by_rank[r].slow_windows = int(wr["nf"] or 0)
+            by_rank[r].windows = int(wr["nw"] or 0)
+    chronic: list[dict[str, Any]] = []
+    episodic: list[dict[str, Any]] = []
+    for r in timed:
+        wr = per_rank_win.get(r["rank"])
+        if not wr or not wr["nf"]:
+            continue
+        tail = wr["last_ok_win"] is None or wr["last_ok_win"] < wr["first_flag_win"]
+        if wr["nf"] / wr["nw"] >= cfg.chronic_fraction or (tail and wr["nf"] >= 2):
+            chronic.append(r | {"_w": wr})
+        elif wr["nf"] >= 2:  # one window of a few steps is noise or a one-off stall, reported apart
+            episodic.append(r | {"_w": wr})
+    ref = statistics.median(r["compute_ns"] for r in timed)
+    if chronic:
+        findings += _chronic(con, cfg, chronic, timed, by_rank, ref, late)
+    for r in episodic:
+        wr = r["_w"]
+        f = Finding(
+            "slow_episode", "warning",
+            f"rank {r['rank']} on node {r['node']} was slow over steps {wr['first_slow']}–{wr['last_slow']} "
+            f"(straggler score {wr['min_rel']:.2f}, compute {wr['max_ratio']:.1f}x the median rank) and recovered: "
+            f"slow in {wr['nf']} of {wr['nw']} windows of {w} steps",
+            [r["rank"]], [r["node"]], [wr["first_slow"], wr["last_slow"]], [],
+            {"min_score": round(wr["min_rel"], 3), "windows_slow": wr["nf"], "windows": wr["nw"],
+             "window_steps": w, "chronic": False},
+        )
+        findings.append(f.cite(_step_refs(con, [r["rank"]], wr["first_slow"], wr["last_slow"])))
+        if by_rank[r["rank"]].status == "ok":
+            by_rank[r["rank"]].status = "slow"
+    named = {x for f in findings for x in f.ranks}
+    findings += _one_offs(con, cfg, warm, named, by_rank, n_steps)
+    info["reference_compute_ms"] = ms(ref)
+    info["fastest_compute_ms"] = ms(fastest)
+    return findings, nodes, info
+
+
+def late_arrival_findings(cfg: AnalysisConfig, late: dict[str, Any], by_rank: dict[int, RankSummary],
+                          named: set[int]) -> list[Finding]:
+    """Ranks that arrive last at most collectives and that no other finding explains."""
+    total = late["instances"]
+    if total < 10:  # too few collectives to call a habit
+        return []
+    thr = _late_threshold(cfg, late["ranks"])
+    out = []
+    for rank, lr in sorted(late["per_rank"].items()):
+        share = lr["n_last"] / total
+        if rank in named or share < thr or (lr["lead_ns"] or 0) < cfg.min_excess_ms * 1e6:
+            continue
+        node = by_rank[rank].node if rank in by_rank else ""
+        out.append(Finding(
+            "late_arrival", "warning",
+            f"rank {rank} on node {node} arrives last at {lr['n_last']} of {total} collectives "
+            f"({share:.0%}), {lr['lead_ns'] / 1e6:.1f} ms after the median rank (median); the others wait for it",
+            [rank], [node], [], [], {"last_arrivals": lr["n_last"], "instances": total, "share": round(share, 3),
+                                     "late_ms": ms(lr["lead_ns"])},
+        ))
+        if rank in by_rank and by_rank[rank].status == "ok":
+            by_rank[rank].status = "late"
+    return out
+
+
+def _windows(con: Any, cfg: AnalysisConfig, warm: str, w: int) -> dict[int, dict[str, Any]]:
+    con.execute(
+        f"""
+        CREATE OR REPLACE TEMP TABLE rank_windows AS
+        WITH b AS (SELECT min(step) AS s0 FROM steps WHERE {warm}),
+        x AS (SELECT rank, (step - b.s0) // {int(w)} AS win, min(step) AS s_lo, max(step) AS s_hi,
+                     median(compute_ns) AS c, count(*) AS n
+              FROM steps, b WHERE {warm} GROUP BY rank, win),
+        ref AS (SELECT win, min(c) AS fast, median(c) AS med FROM x GROUP BY win),
+        best AS (SELECT rank, min(c) AS best FROM x GROUP BY rank)
+        SELECT x.*, ref.fast, ref.med, ref.fast / nullif(x.c, 0) AS rel, best.best / nullif(x.c, 0) AS ind,
+               coalesce(x.c >= {cfg.slow_factor} * ref.med AND x.c - ref.med >= {cfg.min_excess_ms * 1e6}
+                        AND ref.fast / nullif(x.c, 0) < {cfg.straggler_score}, false) AS flagged
+        FROM x JOIN ref USING (win) JOIN best USING (rank)
+        """
+    )
+    out = rows(
+        con,
+        """SELECT rank, count(*) AS nw, count(*) FILTER (WHERE flagged) AS nf,
+                  min(win) FILTER (WHERE flagged) AS first_flag_win, max(win) FILTER (WHERE NOT flagged) AS last_ok_win,
+                  min(s_lo) FILTER (WHERE flagged) AS first_slow, max(s_hi) FILTER (WHERE flagged) AS last_slow,
+                  min(rel) AS min_rel, max(c / nullif(med, 0)) FILTER (WHERE flagged) AS max_ratio,
+                  median(c / nullif(med, 0)) FILTER (WHERE flagged) AS ratio_flagged,
+                  median(rel) FILTER (WHERE flagged) AS score_flagged,
+                  arg_max(ind, win) AS ind_last
+           FROM rank_windows GROUP BY rank""",
+    )
+    return {r["rank"]: r for r in out}
+
+
+def _node_summaries(timed: list[dict[str, Any]], late: dict[str, Any], by_rank: dict[int, RankSummary]) -> list[NodeSummary]:
+    per_node: dict[str, list[dict[str, Any]]] = {}
+    for r in timed:
+        per_node.setdefault(r["node"], []).append(r)
+    meds = {n: statistics.median(r["compute_ns"] for r in rs) for n, rs in per_node.items()}
+    fastest = min(meds.values()) if meds else None
+    out = []
+    for n in sorted(per_node):
+        members = sorted(r["rank"] for r in per_node[n])
+        out.append(NodeSummary(
+            node=n, ranks=members, compute_ms=ms(meds[n]),
+            score=round(fastest / meds[n], 3) if fastest and meds[n] else None,
+            last_arrivals=sum(int(late["per_rank"].get(r, {}).get("n_last", 0)) for r in members),
+        ))
+    return out
+
+
+def _chronic(con: Any, cfg: AnalysisConfig, slow: list[dict[str, Any]], timed: list[dict[str, Any]],
+             by_rank: dict[int, RankSummary], ref: float, late: dict[str, Any]) -> list[Finding]:
+    slow_ids = {r["rank"] for r in slow}
+    ranks_per_node: dict[str, list[int]] = {}
+    for r in timed:
+        ranks_per_node.setdefault(r["node"], []).append(r["rank"])
+    slow_nodes = [
+        n for n, rs in ranks_per_node.items() if len(rs) > 1 and set(rs) <= slow_ids and len(ranks_per_node) > 1
+    ]
+    others = [r for r in timed if r["rank"] not in slow_ids]
+    other_coll = statistics.median(r["coll_ns"] or 0 for r in others) if others else 0
+    top_op = rows(
+        con,
+        f"""SELECT op AS name, sum(dur) AS t FROM colls WHERE NOT is_async AND rank NOT IN ({ids(sorted(slow_ids))})
+            GROUP BY op ORDER BY t DESC LIMIT 1""",
+    )
+    op = top_op[0]["name"] if top_op else None
+    groups: list[tuple[str, list[dict[str, Any]]]] = [
+        (f"node {n}", [r for r in slow if r["node"] == n]) for n in sorted(slow_nodes)
+    ]
+    grouped = {r["rank"] for _, rs in groups for r in rs}
+    groups += [(f"rank {r['rank']} on node {r['node']}", [r]) for r in slow if r["rank"] not in grouped]
+    total = late["instances"]
+    findings = []
+    for label, members in groups:
+        member_ids = [r["rank"] for r in members]
+        own = statistics.median(r["compute_ns"] for r in members)
+        ratio = own / ref
+        steps = _slow_steps(con, member_ids, cfg.slow_factor)
+        since = _onset(steps, min(r["_w"]["first_slow"] for r in members), cfg)
+        onset = all(r["_w"]["nf"] / r["_w"]["nw"] < cfg.chronic_fraction for r in members)
+        if onset:  # slow only from some step on: describe the slow part, not the whole job
+            ratio = statistics.median(r["_w"]["ratio_flagged"] for r in members)
+            own = ratio * ref
+            steps = [s for s in steps if s >= since]
+        step_txt = f"steps {steps[0]}–{steps[-1]}" if steps else "most steps"
+        if onset:
+            step_txt = f"steps {since}–{steps[-1] if steps else 'end'} (slow since step {since}, not before)"
+        coll_self = statistics.median(r["coll_ns"] or 0 for r in members)
+        wait_txt = (
+            f"; the other ranks spend that time waiting in {op} ({other_coll / 1e6:.1f} ms per step vs "
+            f"{coll_self / 1e6:.1f} ms on {'these ranks' if len(members) > 1 else 'this rank'})"
+            if op and other_coll > coll_self else ""
+        )
+        scores = [by_rank[i].score for i in member_ids if by_rank[i].score is not None]
+        score = min(scores) if scores else None
+        if onset:
+            score = round(min(r["_w"]["score_flagged"] for r in members), 3)
+        nf = sum(r["_w"]["nf"] for r in members)
+        nw = sum(r["_w"]["nw"] for r in members)
+        lasts = sum(int(late["per_rank"].get(i, {}).get("n_last", 0)) for i in member_ids)
+        late_txt = (f"; arrives last at {lasts} of {total} collectives" if total and lasts else "")
+        kind = "slow_node" if label.startswith("node") else "slow_rank"
+        if kind == "slow_node":
+            label += f" (all {len(members)} ranks: {span_list(member_ids)})"
+        summary = (
+            f"{label}: compute (forward+backward+optimizer) {ratio:.1f}x the median rank over {step_txt} "
+            f"({own / 1e6:.1f} ms vs {ref / 1e6:.1f} ms per step){wait_txt}; straggler score "
+            f"{score if score is not None else float('nan'):.2f} (fastest rank = 1), slow in {nf} of {nw} windows"
+            f"{late_txt}"
+        )
+        for r in members:
+            if by_rank[r["rank"]].status == "ok":
+                by_rank[r["rank"]].status = "slow"
+        f = Finding(
+            kind, "warning", summary, member_ids, sorted({r["node"] for r in members}),
+            [steps[0], steps[-1]] if steps else [], [],
+            {"ratio": round(ratio, 3), "median_rank_compute_ms": ms(ref), "slow_steps": len(steps),
+             "others_wait_op": op, "others_wait_ms": ms(other_coll), "score": score, "chronic": True,
+             "since_step": since, "windows_slow": nf, "windows": nw, "last_arrivals": lasts,
+             "collectives": total},
+        )
+        worst = steps[-5:] if steps else []
+        findings.append(f.cite(_step_refs(con, member_ids, since, None, limit=10, only=worst)))
+    return findings
+
+
+def _onset(slow_steps: list[int], window_start: int, cfg: AnalysisConfig) -> int:
+    """The first step of a run of slow steps that leads into the first slow window."""
+    run = set(slow_steps)
+    k = 5
+    w = cfg.window_steps or 100
+    for s in slow_steps:
+        if s >= window_start - w and all(s + i in run for i in range(k)):
+            return min(s, window_start)
+    return window_start
+
+
+def _slow_steps(con: Any, ranks: list[int], factor: float) -> list[int]:
+    out = rows(
+        con,
+        f"""WITH m AS (SELECT step, median(compute_ns) AS med FROM steps GROUP BY step)
+            SELECT DISTINCT s.step FROM steps s JOIN m USING (step)
+            WHERE s.rank IN ({ids(ranks)}) AND s.compute_ns >= ? * m.med
+            ORDER BY s.step""",
+        [factor],
+    )
+    return [r["step"] for r in out]
+
+
+def _step_refs(con: Any, ranks: list[int], lo: int | None, hi: int | None, limit: int = 10,
+               only: list[int] | None = None) -> list[EventRef]:
+    where = f"rank IN ({ids(ranks)})"
+    if only:
+        where += f" AND step IN ({ids(only)})"
+    else:
+        if lo is not None:
+            where += f" AND step >= {int(lo)}"
+        if hi is not None:
+            where += f" AND step <= {int(hi)}"
+    out = rows(con, f"SELECT rank, step, t1, span_id FROM steps WHERE {where} ORDER BY compute_ns DESC LIMIT {int(limit)}")
+    return [EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in out]
+
+
+def _one_offs(con: Any, cfg: AnalysisConfig, warm: str, named: set[int], by_rank: dict[int, RankSummary],
+              n_steps: int) -> list[Finding]:
+    """Single long steps of a rank that is otherwise not slow: a one-off stall, not chronic lag."""
+    out = rows(
+        con,
+        f"""WITH r AS (SELECT rank, median(step_ns - coll_ns) AS own_med FROM steps WHERE {warm} GROUP BY rank),
+                 op AS (SELECT step, arg_max(op, dur) AS op, max(dur) AS wait FROM colls WHERE NOT is_async GROUP BY step)
+            SELECT s.rank, s.node, s.step, s.step_ns - s.coll_ns AS own, r.own_med, s.t1, s.span_id, op.op, op.wait
+            FROM steps s JOIN r USING (rank) LEFT JOIN op USING (step)
+            WHERE {warm} AND s.step_ns - s.coll_ns >= ? * r.own_med AND s.step_ns - s.coll_ns - r.own_med >= ?
+            ORDER BY s.step_ns - s.coll_ns - r.own_med DESC LIMIT 500""",
+        [cfg.one_off_factor, cfg.one_off_min_ms * 1e6],
+    )
+    if not out:
+        return []
+    n_ranks = len(by_rank)
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in out:
+        by_step.setdefault(r["step"], []).append(r)
+    findings: list[Finding] = []
+    job_wide = {s for s, rs in by_step.items() if n_ranks > 1 and len(rs) * 2 > n_ranks}
+    for s in sorted(job_wide)[: cfg.max_findings_per_kind]:
+        rs = by_step[s]
+        excess = statistics.median(r["own"] - r["own_med"] for r in rs)
+        f = Finding(
+            "job_pause", "info",
+            f"{len(rs)} of {n_ranks} ranks paused together at step {s} for {excess / 1e9:.2f} s "
+            f"(a checkpoint, evaluation or garbage collection?); a one-off, not a straggler",
+            sorted(r["rank"] for r in rs), sorted({r["node"] for r in rs}), [s], [], {"excess_ms": ms(excess)},
+        )
+        findings.append(f.cite([EventRef(r["rank"], int(r["t1"]), "span", s, r["span_id"], "step") for r in rs]))
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for r in out:
+        if r["step"] not in job_wide and r["rank"] not in named:
+            per_rank.setdefault(r["rank"], []).append(r)
+    for rank, rs in sorted(per_rank.items())[: cfg.max_findings_per_kind]:
+        rs.sort(key=lambda r: r["step"])
+        worst = max(rs, key=lambda r: r["own"] - r["own_med"])
+        rsum = by_rank[rank]
+        many = len(rs) > max(3, n_steps // 10)
+        steps_txt = ", ".join(str(r["step"]) for r in rs[:8]) + ("…" if len(rs) > 8 else "")
+        wait = f"; the others waited in {worst['op']}" if worst["op"] else ""
+        score = f"straggler score {rsum.score:.2f}" if rsum.score is not None else "no straggler score"
+        kind, sev = ("intermittent_stall", "warning") if many else ("transient_stall", "info")
+        what = f"{len(rs)} long steps ({steps_txt})" if len(rs) > 1 else f"a one-off stall at step {worst['step']}"
+        f = Finding(
+            kind, sev,
+            f"rank {rank} on node {rsum.node}: {what}, the longest {(worst['own'] - worst['own_med']) / 1e9:.2f} s "
+            f"over its median ({worst['own'] / 1e6:.1f} ms vs {worst['own_med'] / 1e6:.1f} ms of own time){wait}; "
+            f"not chronic: {score}, slow in {rsum.slow_windows} of {rsum.windows} windows",
+            [rank], [rsum.node], [r["step"] for r in rs], [],
+            {"chronic": False, "stall_ms": ms(worst["own"] - worst["own_med"]), "count": len(rs),
+             "score": rsum.score, "windows_slow": rsum.slow_windows, "windows": rsum.windows},
+        )
+        findings.append(f.cite([EventRef(rank, int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in rs]))
+        if rsum.status == "ok" and many:
+            rsum.status = "stalls"
+    return findings

@@ -1,0 +1,75 @@
+"""One ``trace-job`` run as a function: load, add Flight Recorder dumps, compare with golden runs, link, write views.
+
+Kept out of the CLI so that the CLI stays a thin layer of options and exit codes, and so
+that tests and other front ends (a backend other than the embedded store) get the same
+behaviour by handing in their own loaded :class:`JobData`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from jobtrace.errors import JobNotFound
+
+from ._analysis import analyze
+from ._flight_recorder import add_flight_recorder, load_flight_recorder
+from ._golden import golden_dir, load_golden, profile_job, save_golden
+from ._links import LinkConfig
+from ._model import AnalysisConfig, Report
+from ._store import JobData, load_local
+from ._timeline import write_perfetto, write_timeline_html
+
+__all__ = ["TraceOptions", "mark_golden", "trace_job"]
+
+
+@dataclass
+class TraceOptions:
+    flight_recorder: Sequence[str] = ()
+    """Flight Recorder dump files or folders to add to (or, for an unknown job, to make) the job."""
+    compare_to: Sequence[str] = ()
+    """Golden run names (or ``.json`` paths) to compare with."""
+    golden_dir: str | None = None
+    """Where golden runs live (default ``<data-dir>/.golden``)."""
+    links: LinkConfig = field(default_factory=LinkConfig)
+    timeline: str | None = None
+    perfetto: str | None = None
+
+
+def trace_job(job_id: str, data_dir: str | os.PathLike[str], cfg: AnalysisConfig, opts: TraceOptions | None = None,
+          job: JobData | None = None) -> tuple[Report, JobData]:
+    """Load (unless ``job`` is given), analyse and write the requested views."""
+    opts = opts or TraceOptions()
+    if job is None:
+        try:
+            job = load_local(data_dir, job_id)
+            if opts.flight_recorder:
+                add_flight_recorder(job, opts.flight_recorder)
+        except JobNotFound:
+            if not opts.flight_recorder:
+                raise
+            job = load_flight_recorder(job_id, opts.flight_recorder)
+    elif opts.flight_recorder:
+        add_flight_recorder(job, opts.flight_recorder)
+    gdir = opts.golden_dir or golden_dir(data_dir)
+    refs = [load_golden(gdir, name) for name in opts.compare_to]
+    report = analyze(job, cfg, golden=refs, links=opts.links if opts.links.enabled else None)
+    if opts.timeline:
+        write_timeline_html(job, report, opts.timeline)
+    if opts.perfetto:
+        write_perfetto(job, report, opts.perfetto)
+    return report, job
+
+
+def mark_golden(job_id: str, data_dir: str | os.PathLike[str], name: str | None = None,
+                directory: str | os.PathLike[str] | None = None, cfg: AnalysisConfig | None = None,
+                force: bool = False) -> tuple[str, Report]:
+    """Keep a finished job as a reference; refuses an unhealthy one unless ``force``. Returns the file path."""
+    job = load_local(data_dir, job_id)
+    report = analyze(job, cfg)
+    if not report.healthy and not force:
+        bad = ", ".join(sorted({f.kind for f in report.findings if f.severity in ("error", "warning")}))
+        raise ValueError(f"job {job_id!r} is not healthy ({bad}); pass force to keep it as a reference anyway")
+    path = save_golden(profile_job(job, name or job_id), directory or golden_dir(data_dir))
+    return str(path), report

@@ -1,0 +1,241 @@
+"""The views: backend links (escaping), the Perfetto trace, and the HTML timeline rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import orjson
+import pytest
+
+from jobtrace.synth import SynthJob, write_job
+from queries import (
+    AnalysisConfig,
+    LinkConfig,
+    analyze,
+    grafana_explore_url,
+    kibana_discover_url,
+    kql_query,
+    load_local,
+    logql_query,
+    write_perfetto,
+    write_timeline_html,
+)
+from queries._links import rison
+
+NASTY = 'job"x\\y | {a="b"} & #frag %20 \'q\' !bang\n'
+
+
+class TestLinks:
+    def test_logql_escapes_the_job_id_and_selects_ranks_and_spans(self):
+        q = logql_query(NASTY, [3, 1], ["00ab", "ff01"])
+        assert q.startswith('{job="job\\"x\\\\y | {a=\\"b\\"} & #frag %20 \'q\' !bang\\n"} | json')
+        assert q.endswith('| rank=~"1|3" | span_id=~"00ab|ff01"')
+        with pytest.raises(ValueError):
+            logql_query("j", job_label='job"} |= "x')
+
+    def test_grafana_url_round_trips_through_the_query_string(self):
+        expr = logql_query(NASTY, [2])
+        url = grafana_explore_url("http://grafana:3000/", "uid&1", expr, 1_700_000_000_123_456_789, 1_700_000_001_000_000_001)
+        parts = urlsplit(url)
+        assert parts.path == "/explore" and "&" not in parts.query.split("panes=")[1].split("&orgId")[0]
+        qs = parse_qs(parts.query)
+        assert qs["schemaVersion"] == ["1"] and qs["orgId"] == ["1"]
+        pane = json.loads(qs["panes"][0])["jt"]
+        assert pane["datasource"] == "uid&1" and pane["queries"][0]["expr"] == expr
+        assert pane["range"] == {"from": "1700000000123", "to": "1700000001001"}
+
+    def test_kql_and_rison_escape_quotes_and_bangs(self):
+        kql = kql_query(NASTY, [1, 2], ["ab"])
+        assert kql == 'job:"job\\"x\\\\y | {a=\\"b\\"} & #frag %20 \'q\' !bang\n" and rank:(1 or 2) and span_id:("ab")'
+        assert rison({"a": "it's!", "b": [1, True, None], "c d": "x"}) == "(a:'it!'s!!',b:!(1,!t,!n),'c d':'x')"
+        with pytest.raises(ValueError):
+            kql_query("j", fields={"job": "job or *"})
+
+    def test_kibana_url_keeps_the_state_inside_its_parameters(self):
+        url = kibana_discover_url("https://kibana.example/", "view'1", kql_query(NASTY), 1_700_000_000_000_000_000,
+                                  1_700_000_060_000_000_000)
+        head, frag = url.split("#", 1)
+        assert head == "https://kibana.example/app/discover" and frag.startswith("/?_g=")
+        params = dict(p.split("=", 1) for p in frag[2:].split("&"))
+        assert set(params) == {"_g", "_a"}
+        g, a = unquote(params["_g"]), unquote(params["_a"])
+        assert g == "(time:(from:'2023-11-14T22:13:20.000Z',to:'2023-11-14T22:14:20.000Z'))"
+        assert "index:'view!'1'" in a and "language:'kuery'" in a and "!!bang" in a
+
+    def test_findings_get_links_for_their_own_events(self, tmp_path):
+        write_job(tmp_path, SynthJob(job_id="slow&co", ranks=8, steps=30, slow_ranks={5: 2.0}))
+        cfg = LinkConfig(grafana_url="http://g", grafana_datasource="loki", kibana_url="http://k", kibana_data_view="dv")
+        report = analyze(load_local(tmp_path, "slow&co"), links=cfg)
+        (f,) = report.findings
+        pane = json.loads(parse_qs(urlsplit(f.links["grafana"]).query)["panes"][0])["jt"]
+        expr = pane["queries"][0]["expr"]
+        assert expr.startswith('{job="slow&co"} | json | rank=~"5" | span_id=~"') and all(
+            r["span_id"] in expr for r in f.refs)
+        lo, hi = int(pane["range"]["from"]), int(pane["range"]["to"])
+        assert lo * 1_000_000 <= f.time_range[0] and hi * 1_000_000 >= f.time_range[1]
+        assert "rank:(5)" in unquote(f.links["kibana"])
+
+
+@pytest.fixture(scope="module")
+def hung_job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("views")
+    write_job(d, SynthJob(job_id="hang</script><b>x", ranks=6, ranks_per_node=3, steps=25, hang_rank=4, hang_step=15,
+                          hang_s=400))
+    job = load_local(d, "hang</script><b>x")
+    return job, analyze(job, AnalysisConfig())
+
+
+class TestPerfetto:
+    def test_trace_event_file_has_a_lane_per_rank_and_the_findings(self, hung_job, tmp_path):
+        job, report = hung_job
+        out = orjson.loads(write_perfetto(job, report, tmp_path / "t.json").read_bytes())
+        ev = out["traceEvents"]
+        threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+        assert sorted(threads.values())[4] == "rank 4 (stalled)" and len(threads) == 6
+        assert {e["args"]["name"] for e in ev if e["name"] == "process_name"} == {"node node0000", "node node0001"}
+        spans = [e for e in ev if e["ph"] == "X"]
+        assert spans and all(e["dur"] > 0 and e["ts"] >= 0 for e in spans)
+        assert {"step", "forward", "all_reduce"} <= {e["name"] for e in spans}
+        assert any(e["ph"] == "i" and e["name"] == "error: stalled_rank" for e in ev)
+        assert out["displayTimeUnit"] == "ms" and out["otherData"]["job"] == "hang</script><b>x"
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("headless Chromium is required for the timeline test: apt-get install -y chromium")
+
+
+class _Page:
+    """Just enough of the DevTools protocol: navigate, evaluate, collect console errors and exceptions."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.n = 0
+        self.errors: list[str] = []
+        self.loaded = False
+
+    def _on_event(self, msg):
+        m, p = msg.get("method"), msg.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            self.errors.append("exception: " + json.dumps(p.get("exceptionDetails", {}))[:500])
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            self.errors.append("console.error: " + json.dumps(p.get("args", []))[:500])
+        elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+            self.errors.append("log: " + p["entry"].get("text", ""))
+        elif m == "Page.loadEventFired":
+            self.loaded = True
+
+    def call(self, method, **params):
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self.n:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self._on_event(msg)
+
+    def pump(self, seconds):
+        end = time.monotonic() + seconds
+        self.ws.settimeout(0.2)
+        while time.monotonic() < end:
+            try:
+                self._on_event(json.loads(self.ws.recv()))
+            except Exception:  # noqa: BLE001 - a receive timeout: nothing more yet
+                pass
+        self.ws.settimeout(15)
+
+    def eval(self, expr):
+        out = self.call("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in out:
+            raise AssertionError(f"{expr}: {out['exceptionDetails']}")
+        return out["result"].get("value")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    websocket = pytest.importorskip("websocket", reason="websocket-client is in the dev extra")
+    profile = Path(tempfile.mkdtemp(prefix="jt-chromium-"))
+    proc = subprocess.Popen(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
+         f"--user-data-dir={profile}", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+         "--window-size=1400,900", "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None, "chromium exited at start"
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10))
+        page = next(t for t in targets if t["type"] == "page")
+        ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=15, suppress_origin=True)
+        p = _Page(ws)
+        for domain in ("Runtime", "Log", "Page"):
+            p.call(f"{domain}.enable")
+        yield p
+        ws.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+class TestTimelineInChromium:
+    def test_page_renders_marks_the_culprit_lane_and_zooms_without_errors(self, hung_job, tmp_path, browser):
+        job, report = hung_job
+        html = write_timeline_html(job, report, tmp_path / "timeline.html")
+        text = html.read_text()
+        assert "<b>x" not in text.split('<script id="data"')[0] and "http" not in text.replace("http-equiv", "")
+        browser.call("Page.navigate", url=html.resolve().as_uri())
+        deadline = time.monotonic() + 20
+        while not browser.eval("document.body && document.body.dataset.ready === '1'"):
+            assert time.monotonic() < deadline, "the page never finished rendering"
+            browser.pump(0.2)
+        lanes = browser.eval("[...document.querySelectorAll('.lane[data-rank]')].map(e => [e.dataset.rank, e.className])")
+        assert len(lanes) == 6
+        assert [r for r, cls in lanes if "culprit" in cls] == ["4"]
+        assert browser.eval("document.title") == "jobtrace timeline: hang</script><b>x"
+        assert browser.eval("document.querySelectorAll('b').length") == 0  # the job id stayed text
+        kinds = browser.eval("[...document.querySelectorAll('#findings li')].map(e => e.dataset.kind)")
+        assert kinds == ["stalled_rank"]
+        # Something was drawn in the culprit's lane.
+        painted = browser.eval(
+            "(() => { const c = document.getElementById('lanes'); const d = c.getContext('2d')"
+            ".getImageData(0, 4 * 28 + 2, c.width, 24).data; let n = 0;"
+            " for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 0) n++; return n; })()")
+        assert painted > 100
+        # Zoom with the wheel, pan by dragging, focus a finding, reset.
+        t1 = browser.eval("window.jobtrace.state.t1 - window.jobtrace.state.t0")
+        browser.eval("document.getElementById('lanes').dispatchEvent(new WheelEvent('wheel', "
+                     "{deltaY: -500, clientX: 600, clientY: 100, bubbles: true, cancelable: true}))")
+        assert browser.eval("window.jobtrace.state.t1 - window.jobtrace.state.t0") < t1
+        browser.eval("document.querySelector('#findings li').click()")
+        assert browser.eval("window.jobtrace.state.highlight.kind") == "stalled_rank"
+        browser.eval("document.getElementById('lanes').dispatchEvent(new MouseEvent('dblclick', {bubbles: true}))")
+        assert browser.eval("window.jobtrace.state.t1 - window.jobtrace.state.t0") == pytest.approx(t1)
+        browser.pump(0.5)
+        if os.environ.get("JOBTRACE_SCREENSHOT"):
+            import base64
+
+            shot = browser.call("Page.captureScreenshot", format="png")["data"]
+            Path(os.environ["JOBTRACE_SCREENSHOT"]).write_bytes(base64.b64decode(shot))
+        assert browser.errors == []
