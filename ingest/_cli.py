@@ -84,8 +84,10 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
 @click.option("--to", "to", type=click.Choice(SINK_KINDS), default="local", show_default=True,
               help="Where the events go.")
+@click.option("--url", default=None,
+              help="Server URL for --to loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
 @click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
-              help="Embedded store directory (--to local).")
+              help="Embedded store directory (--to local; the spool for servers lives there too).")
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")
 @click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many seconds without new lines.")
 @click.option("--tz", default="UTC", show_default=True,
@@ -102,7 +104,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--no-hyperscan", is_flag=True, help="Match with Python's re even when Hyperscan is installed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def ingest_command(paths: tuple[str, ...], job_id: str, to: str, data_dir: str, follow: bool, idle_exit: float | None,
+def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
                    tz: str, year: int | None, rank_from_filename: str | None, node: str | None, rank: int | None,
                    world_size: int | None, no_align: bool, overwrite: bool, plugin: tuple[str, ...],
                    no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
@@ -125,7 +127,7 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, data_dir: str, 
                        rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
                        use_hyperscan=False if no_hyperscan else None)
     try:
-        factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite)
+        factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
         summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
     except JobtraceError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)

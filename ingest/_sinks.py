@@ -58,9 +58,52 @@ def open_sink(kind: str, job: str, *, data_dir: str | os.PathLike[str] = "jobtra
 
         return local
     if kind in ("loki", "elasticsearch"):
-        raise ConfigError(f"--to {kind} is not available yet: the {kind} shipper is still being built; "
-                          "ingest with --to local for now")
+        return _network(kind, job, data_dir, options.get("url"))  # type: ignore[arg-type]
     raise ConfigError(f"unknown sink {kind!r}; expected one of {', '.join(SINK_KINDS)}")
+
+
+class _SharedSink:
+    """One network shipper for every (node, rank) of an ingest: its labels come from each line.
+
+    Closed when the last (node, rank) user closes it, so the ingest waits for the spool
+    to drain exactly once.
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self.users = 0
+
+    def write(self, lines: Sequence[bytes]) -> None:
+        self._sink.write(lines)
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+    def close(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            self._sink.close()
+
+
+def _network(kind: str, job: str, data_dir: str | os.PathLike[str], url: str | None) -> SinkFactory:
+    from shippers._registry import ProcessInfo
+
+    info = ProcessInfo(job, "ingest", 0, os.getpid(), job_dir(data_dir, job) / ".spool" / f"ingest-{os.getpid()}")
+    if kind == "loki":
+        from shippers._loki import LokiShipper
+
+        sink: Sink = LokiShipper.from_env(info, url=url)
+    else:
+        from shippers._elasticsearch import ElasticsearchShipper
+
+        sink = ElasticsearchShipper.from_env(info, url=url)
+    shared = _SharedSink(sink)
+
+    def factory(node: str, rank: int) -> Sink:
+        shared.users += 1
+        return shared
+
+    return factory
 
 
 def local_files(data_dir: str | os.PathLike[str], job: str) -> list[Path]:

@@ -133,6 +133,46 @@ _add_ingest_command()
 
 
 @main.command()
+@click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="The spool's backend.")
+@click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Give up waiting after this many seconds (what is left stays spooled).")
+def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
+    """Send what a shipper left in SPOOL_DIR (a server outage outlasting the job), in order, then exit.
+
+    Exit status: 0 all sent, 1 some left (still spooled), 3 error.
+    """
+    import os
+    from pathlib import Path
+
+    from shippers._registry import ProcessInfo
+
+    console = Console(stderr=True)
+    path = Path(spool_dir)
+    info = ProcessInfo("replay", "replay", 0, os.getpid(), path.parent, spool_override=path)
+    try:
+        if to == "loki":
+            from shippers._loki import LokiShipper
+
+            shipper: Any = LokiShipper.from_env(info, url=url)
+        else:
+            from shippers._elasticsearch import ElasticsearchShipper
+
+            shipper = ElasticsearchShipper.from_env(info, url=url)
+    except (JobtraceError, RuntimeError) as exc:
+        _fail(console, exc)
+        return
+    pending = shipper.spool.pending_bytes()
+    done = shipper.wait_idle(timeout_s)
+    shipper.close()
+    stats = shipper.stats
+    console.print(f"replayed {pending} bytes: {stats.sent} events accepted, {stats.rejected} refused "
+                  f"(dead-letter: {shipper.dead_letter.path}), {stats.spooled_bytes} bytes left")
+    sys.exit(EXIT_HEALTHY if done else EXIT_PROBLEM)
+
+
+@main.command()
 @click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
 def jobs(data_dir: str) -> None:
     """List the jobs in the embedded store."""

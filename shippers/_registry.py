@@ -28,9 +28,10 @@ class ProcessInfo:
     rank: int
     pid: int
     spool_root: Path
+    spool_override: Path | None = None  # replaying one given spool directory
 
     def spool_dir(self, backend: str) -> Path:
-        return self.spool_root / f"{backend}-r{self.rank}"
+        return self.spool_override or self.spool_root / f"{backend}-r{self.rank}"
 
 
 def network_sinks_from_env(info: ProcessInfo) -> list[Sink]:

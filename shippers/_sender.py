@@ -131,7 +131,7 @@ class SpoolingSender:
         if left:
             sys.stderr.write(
                 f"jobtrace: {self.encoder.name}: {left} bytes not yet accepted remain in {self.spool.dir}; "
-                f"they are sent first by the next shipper using it (or: jobtrace replay {self.spool.dir})\n"
+                f"they are sent first by the next shipper using it (or: jobtrace replay {self.spool.dir} --to {self.encoder.name})\n"
             )
         self.spool.close()
         self.transport.close()

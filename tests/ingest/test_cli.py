@@ -62,13 +62,38 @@ class TestIngestCommand:
         CliRunner().invoke(main, args + ["--overwrite"])
         assert twice == 2 * load_local(tmp_path / "s", "j").stats.events
 
-    @pytest.mark.parametrize("kind", ["loki", "elasticsearch"])
-    def test_remote_sinks_say_they_are_not_available_yet(self, tmp_path, kind):
+    @pytest.mark.servers
+    def test_to_loki_into_a_real_victorialogs_gives_the_same_verdict(self, tmp_path, victorialogs):
+        """The same logs ingested locally and through the Loki shipper: same events, same slow rank."""
+        from queries import analyze
+        from queries._backends import TimeRange
+        from queries._victorialogs import load_victorialogs
+
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        for r in range(3):
+            (logs / f"rank{r}.log").write_text("\n".join(rank_lines(r, slow=r == 1)) + "\n")
+        local = CliRunner().invoke(main, ["ingest", str(logs), "--job", "to-vl", "--data-dir", str(tmp_path / "s"), "-q"])
+        assert local.exit_code == 0, local.output
+        res = CliRunner().invoke(main, ["ingest", str(logs), "--job", "to-vl", "--to", "loki", "--url",
+                                        victorialogs.url + "/insert/loki", "--data-dir", str(tmp_path / "s2"), "-q"])
+        assert res.exit_code == 0, res.output
+        victorialogs.force_flush()
+        t0 = int(fx.T0.timestamp() * 1e9)
+        remote = load_victorialogs("to-vl", url=victorialogs.url, time_range=TimeRange(t0 - 3600 * 10**9, t0 + 3600 * 10**9))
+        here = load_local(tmp_path / "s", "to-vl")
+        assert remote.stats.events == here.stats.events > 0
+        verdicts = [[(f.kind, f.ranks) for f in analyze(j).findings if f.severity != "info"] for j in (here, remote)]
+        assert verdicts[0] == verdicts[1] and ("slow_rank", [1]) in verdicts[0]
+
+    def test_a_server_sink_without_url_is_a_clear_error(self, tmp_path, monkeypatch):
+        monkeypatch.delenv("JOBTRACE_LOKI_URL", raising=False)
         (tmp_path / "a.log").write_text("hello\n")
-        res = CliRunner().invoke(main, ["ingest", str(tmp_path / "a.log"), "--job", "j", "--to", kind])
-        assert res.exit_code == 3 and "not available yet" in res.output
+        res = CliRunner().invoke(main, ["ingest", str(tmp_path / "a.log"), "--job", "j", "--to", "loki",
+                                        "--data-dir", str(tmp_path)])
+        assert res.exit_code == 3 and "JOBTRACE_LOKI_URL" in res.output
         with pytest.raises(ConfigError):
-            open_sink(kind, "j")
+            open_sink("loki", "j", data_dir=tmp_path)
 
     def test_usage_errors(self, tmp_path):
         assert CliRunner().invoke(main, ["ingest", "--job", "j"]).exit_code == 2
