@@ -31,7 +31,7 @@ from ._identity import Identity
 __all__ = ["Recorder", "Span"]
 
 _SPAN, _LOG, _METRIC, _BEAT = 0, 1, 2, 3
-_IMMUTABLE = (int, float, str, bool, type(None), bytes)
+_IMMUTABLE = frozenset({int, float, str, bool, type(None), bytes, complex})
 
 
 def _hex64(x: int | None) -> str | None:
@@ -159,8 +159,8 @@ class Recorder:
         args = record.args
         if args:
             # Format now only when an argument could change before the export thread runs.
-            values = args.values() if isinstance(args, Mapping) else args
-            if isinstance(args, Mapping) or not all(isinstance(a, _IMMUTABLE) for a in values):
+            # Exact type checks: isinstance against typing/abc classes costs microseconds.
+            if type(args) is not tuple or any(type(a) not in _IMMUTABLE for a in args):
                 try:
                     record.msg = record.getMessage()
                     record.args = None

@@ -62,7 +62,7 @@ class BatchWorker(Generic[T]):
         sinks: Sequence[Sink],
         *,
         max_queue: int = 200_000,
-        batch_size: int = 4096,
+        batch_size: int = 16384,
         flush_interval_s: float = 1.0,
         spill_path: str | None = None,
         name: str = "jobtrace-export",

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     node = f"node{rank // args.ranks_per_node}" if args.ranks_per_node else None
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    oi.init_tracing(node=node)  # the one line
+    if os.environ.get("DEMO_NO_TRACING") != "1":  # the overhead benchmark's baseline
+        oi.init_tracing(node=node)  # the one line
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("DEMO_PG_TIMEOUT", "600"))))
     world = dist.get_world_size()
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         _dump_flight_recorder(args.fr_dump_dir, rank)
     leaked: list[torch.Tensor] = []
 
+    step_times: list[float] = []
     for i in range(args.steps):
         t0 = time.perf_counter()
         with oi.step(i):
@@ -158,11 +160,15 @@ def main(argv: list[str] | None = None) -> None:
                 grad_norm = float(grads.norm())
                 opt.step()
         elapsed = time.perf_counter() - t0
+        step_times.append(elapsed)
         oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)
         log.info("step %d loss %.4f grad_norm %.3f", i, float(loss), grad_norm)
 
     dist.barrier()
     dist.destroy_process_group()
+    warm = sorted(step_times[len(step_times) // 5:])
+    if warm:
+        print(f"DEMO_STEP_MEDIAN_US rank={rank} {warm[len(warm) // 2] * 1e6:.1f}", flush=True)
     log.info("rank %d done", rank)
 
 
