@@ -136,7 +136,8 @@ def _signature(paths: list[str]) -> tuple[str, bool]:
         st = os.stat(path)
         newest = max(newest, st.st_mtime_ns)
         h.update(f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return h.hexdigest()[:16], (time.time_ns() - newest) / 1e9 > _SETTLED_S
+    settle_s = float(os.environ.get("JOBTRACE_CACHE_SETTLED_S", _SETTLED_S))
+    return h.hexdigest()[:16], (time.time_ns() - newest) / 1e9 > settle_s
 
 
 def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = True, cache: bool = True) -> JobData:
