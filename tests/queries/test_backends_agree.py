@@ -1,0 +1,65 @@
+"""The same verdicts from the embedded store and from the real servers, for the same real torch job.
+
+A 4-rank gloo job with three faults at once (rank 1 slow, rank 0's loss NaN from step 6,
+rank 3 hangs at step 10) ships to VictoriaLogs (Loki push API) while writing the embedded
+store. The hung job is stopped the way an operator would (SIGTERM, then SIGKILL), so some
+lines may still sit in the killed ranks' spools: they are sent with ``jobtrace replay``,
+as a user would, before the server is asked. Then ``trace-job``'s analysis runs on each
+backend and must reach the same findings.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from click.testing import CliRunner
+
+from jobtrace.cli import main
+from queries import AnalysisConfig, analyze, load_local
+from queries._backends import TimeRange, load_job
+
+pytestmark = [pytest.mark.servers, pytest.mark.torchjob]
+pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
+
+CFG = AnalysisConfig(stall_s=6.0)
+
+
+def verdicts(report) -> list[tuple[str, list[int]]]:
+    return sorted((f.kind, f.ranks) for f in report.findings if f.severity in ("error", "warning"))
+
+
+@pytest.fixture(scope="module")
+def faulty_job(victorialogs, tmp_path_factory):
+    from jobtrace.demo import DemoConfig, run_job
+
+    data = tmp_path_factory.mktemp("agree")
+    job_id = f"agree-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JOBTRACE_LOKI_URL", victorialogs.url + "/insert/loki")
+        for var in ("JOBTRACE_LOKI_FORMAT", "JOBTRACE_LOKI_STRUCTURED_METADATA", "JOBTRACE_LOCAL", "JOBTRACE_ES_URL"):
+            mp.delenv(var, raising=False)
+        rc = run_job(DemoConfig(job_id=job_id, data_dir=str(data), ranks=4, steps=30, slow_ranks=[1], slow_ms=40,
+                                nan_step=6, hang_rank=3, hang_step=10, heartbeat_s=0.5, stall_s=6.0, timeout_s=240))
+    assert rc == -1  # stopped after the stall
+    for spool in sorted((data / job_id / ".spool").glob("loki-r*")):
+        res = CliRunner().invoke(main, ["replay", str(spool), "--to", "loki", "--url", victorialogs.url + "/insert/loki"])
+        assert res.exit_code == 0, res.output
+    return job_id, data
+
+
+def test_embedded_store_names_all_three_faults(faulty_job):
+    job_id, data = faulty_job
+    found = verdicts(analyze(load_local(data, job_id), CFG))
+    assert ("stalled_rank", [3]) in found
+    assert ("loss_nan", [0]) in found
+    assert any(kind in ("slow_rank", "late_arrival") and ranks == [1] for kind, ranks in found), found
+
+
+def test_victorialogs_gives_the_same_verdicts(faulty_job, victorialogs):
+    job_id, data = faulty_job
+    victorialogs.force_flush()
+    here = load_local(data, job_id)
+    there = load_job("victorialogs", job_id, url=victorialogs.url, time_range=TimeRange.parse("1h", None))
+    assert there.stats.events == here.stats.events
+    assert verdicts(analyze(there, CFG)) == verdicts(analyze(here, CFG))
