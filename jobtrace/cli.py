@@ -132,6 +132,16 @@ def _add_ingest_command() -> None:
 _add_ingest_command()
 
 
+def _add_setup_command() -> None:
+    """``jobtrace setup``: templates, retention and saved objects for Elasticsearch/OpenSearch (shippers._es_setup)."""
+    from shippers._es_setup import setup_command_factory
+
+    main.add_command(setup_command_factory(), name="setup")
+
+
+_add_setup_command()
+
+
 @main.command()
 @click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="The spool's backend.")

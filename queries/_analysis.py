@@ -74,9 +74,10 @@ def analyze(
                        AS last_progress,
                    arg_max(attrs, ts) FILTER (WHERE kind = 'heartbeat') AS beat,
                    max(ts) FILTER (WHERE kind = 'heartbeat') AS beat_ts,
-                   arg_max(name, ts) FILTER (WHERE kind = 'span') AS last_span,
-                   arg_max(cat, ts) FILTER (WHERE kind = 'span') AS last_span_cat,
-                   arg_max(span_id, ts) FILTER (WHERE kind = 'span') AS last_span_id,
+                   -- one arg_max over a struct with a tie-break, so name, category and id
+                   -- come from the same span even when several spans end in the same nanosecond
+                   arg_max({{'name': name, 'cat': cat, 'id': span_id}}, (ts, coalesce(dur, 0), span_id))
+                       FILTER (WHERE kind = 'span') AS last_span_row,
                    max(ts) FILTER (WHERE kind = 'span') AS last_span_ts,
                    max(step) AS last_step,
                    bool_or(kind = 'log' AND logger = 'jobtrace.lifecycle' AND msg = 'stop') AS stopped
@@ -86,7 +87,8 @@ def analyze(
                    median(coll_ns) AS coll_ns, median(data_ns) AS data_ns, median(idle_ns) AS idle_ns,
                    sum(coll_ns) / nullif(sum(step_ns), 0) AS comm_share
             FROM steps WHERE {warm} GROUP BY rank)
-        SELECT r.*, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
+        SELECT r.* EXCLUDE (last_span_row), r.last_span_row.name AS last_span, r.last_span_row.cat AS last_span_cat,
+               r.last_span_row.id AS last_span_id, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
         FROM r LEFT JOIN s USING (rank) ORDER BY rank
         """,
     )

@@ -2,7 +2,7 @@
 
 A 4-rank gloo job with three faults at once (rank 1 slow, rank 0's loss NaN from step 6,
 rank 3 hangs at step 10) ships to VictoriaLogs (Loki push API) while writing the embedded
-store. The hung job is stopped the way an operator would (SIGTERM, then SIGKILL), so some
+store and to OpenSearch (its ``_bulk`` API). The hung job is stopped the way an operator would (SIGTERM, then SIGKILL), so some
 lines may still sit in the killed ranks' spools: they are sent with ``jobtrace replay``,
 as a user would, before the server is asked. Then ``trace-job``'s analysis runs on each
 backend and must reach the same findings.
@@ -30,21 +30,23 @@ def verdicts(report) -> list[tuple[str, list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def faulty_job(victorialogs, tmp_path_factory):
+def faulty_job(victorialogs, opensearch, tmp_path_factory):
     from jobtrace.demo import DemoConfig, run_job
 
     data = tmp_path_factory.mktemp("agree")
     job_id = f"agree-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JOBTRACE_LOKI_URL", victorialogs.url + "/insert/loki")
-        for var in ("JOBTRACE_LOKI_FORMAT", "JOBTRACE_LOKI_STRUCTURED_METADATA", "JOBTRACE_LOCAL", "JOBTRACE_ES_URL"):
+        mp.setenv("JOBTRACE_ES_URL", opensearch.url)
+        for var in ("JOBTRACE_LOKI_FORMAT", "JOBTRACE_LOKI_STRUCTURED_METADATA", "JOBTRACE_LOCAL"):
             mp.delenv(var, raising=False)
         rc = run_job(DemoConfig(job_id=job_id, data_dir=str(data), ranks=4, steps=30, slow_ranks=[1], slow_ms=40,
                                 nan_step=6, hang_rank=3, hang_step=10, heartbeat_s=0.5, stall_s=6.0, timeout_s=240))
     assert rc == -1  # stopped after the stall
-    for spool in sorted((data / job_id / ".spool").glob("loki-r*")):
-        res = CliRunner().invoke(main, ["replay", str(spool), "--to", "loki", "--url", victorialogs.url + "/insert/loki"])
-        assert res.exit_code == 0, res.output
+    for backend, url in (("loki", victorialogs.url + "/insert/loki"), ("elasticsearch", opensearch.url)):
+        for spool in sorted((data / job_id / ".spool").glob(f"{backend}-r*")):
+            res = CliRunner().invoke(main, ["replay", str(spool), "--to", backend, "--url", url])
+            assert res.exit_code == 0, res.output
     return job_id, data
 
 
@@ -61,5 +63,13 @@ def test_victorialogs_gives_the_same_verdicts(faulty_job, victorialogs):
     victorialogs.force_flush()
     here = load_local(data, job_id)
     there = load_job("victorialogs", job_id, url=victorialogs.url, time_range=TimeRange.parse("1h", None))
+    assert there.stats.events == here.stats.events
+    assert verdicts(analyze(there, CFG)) == verdicts(analyze(here, CFG))
+
+
+def test_opensearch_gives_the_same_verdicts(faulty_job, opensearch):
+    job_id, data = faulty_job
+    here = load_local(data, job_id)
+    there = load_job("elasticsearch", job_id, url=opensearch.url, time_range=TimeRange.parse("1h", None))
     assert there.stats.events == here.stats.events
     assert verdicts(analyze(there, CFG)) == verdicts(analyze(here, CFG))
