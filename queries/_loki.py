@@ -33,11 +33,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 import orjson
 
 from jobtrace.errors import BackendUnavailable, ConfigError, JobNotFound, QueryError
+
+from shippers._transport import url_for_display, url_without_suffix
 
 from ._backends import TimeRange
 from ._store import JobData, ReadStats, load_events
@@ -52,21 +54,14 @@ _MAX_ENTRIES = re.compile(r"max entries limit per query exceeded.*?\(\d+ > (\d+)
 
 def query_base(url: str) -> str:
     """The API root for a URL a user gave: push or query endpoints are trimmed back to it."""
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    for suffix in ("/loki/api/v1/push", "/loki/api/v1/query_range", "/loki/api/v1", "/api/v1/push"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-            break
+    root, path = url_without_suffix(
+        url, ("/loki/api/v1/push", "/loki/api/v1/query_range", "/loki/api/v1", "/api/v1/push"))
     if not path.endswith("/loki"):
         path += "/loki"
-    return urlunsplit(parts._replace(path=path + "/api/v1", query="", fragment=""))
+    return root + path + "/api/v1"
 
 
-def _safe(url: str) -> str:
-    parts = urlsplit(url)
-    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+_safe = url_for_display
 
 
 @dataclass

@@ -29,11 +29,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
 from jobtrace.errors import BackendUnavailable, JobNotFound, QueryError
+
+from shippers._transport import url_for_display, url_without_suffix
 
 from ._backends import TimeRange
 from ._store import COLUMNS, JobData, ReadStats, load_events
@@ -66,19 +67,12 @@ def _parse_time_ns(text: str) -> int:
 
 
 def _base(url: str) -> str:
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    for suffix in ("/insert/loki/api/v1/push", "/insert/loki", "/select/logsql/query", "/select/logsql"):
-        if path.endswith(suffix):
-            path = path[: -len(suffix)]
-            break
-    return urlunsplit(parts._replace(path=path, query="", fragment=""))
+    root, path = url_without_suffix(url, ("/insert/loki/api/v1/push", "/insert/loki", "/select/logsql/query",
+                                          "/select/logsql"))
+    return root + path
 
 
-def _safe(url: str) -> str:
-    parts = urlsplit(url)
-    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+_safe = url_for_display
 
 
 class VictoriaLogsReader:

@@ -16,7 +16,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping, Protocol, Sequence
 
 from jobtrace.errors import BackendUnavailable, ConfigError
 
@@ -162,6 +162,32 @@ class RequestsTransport:
 
     def close(self) -> None:
         self._session.close()
+
+
+def url_without_suffix(url: str, suffixes: Sequence[str]) -> tuple[str, str]:
+    """(scheme://host:port, path) of ``url`` with the first matching endpoint suffix removed.
+
+    Users paste whichever URL they have (a push endpoint, a query endpoint, the root);
+    each backend reader turns it back into its API root with this.
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    for suffix in suffixes:
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    return urlunsplit(parts._replace(path="", query="", fragment="")), path
+
+
+def url_for_display(url: str) -> str:
+    """A URL fit for messages and reports: no credentials, no query string."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _strip_userinfo(url: str) -> str:
