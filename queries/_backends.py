@@ -6,16 +6,17 @@ uses one of them needs only that extra installed.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from jobtrace.errors import ConfigError
 
 from ._store import JobData, load_local
 
-__all__ = ["BACKENDS", "TimeRange", "load_job", "parse_time"]
+__all__ = ["BACKENDS", "TimeRange", "busy_windows", "even_windows", "load_job", "parse_time"]
 
 BACKENDS = ("local", "loki", "victorialogs", "elasticsearch")
 
@@ -57,6 +58,35 @@ class TimeRange:
         if start >= end:
             raise ConfigError("--since must be before --until")
         return cls(start, end)
+
+
+def even_windows(start_ns: int, end_ns: int, pieces: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into ``pieces`` equal, non-empty windows."""
+    size = max(1, (end_ns - start_ns) // pieces)
+    edges = [start_ns + i * size for i in range(pieces)] + [end_ns]
+    return [(edges[i], edges[i + 1]) for i in range(pieces) if edges[i] < edges[i + 1]]
+
+
+def busy_windows(intervals: Iterable[tuple[int, int, int]], window_lines: int) -> list[tuple[int, int]]:
+    """Query windows for a server with a per-query line limit, from a histogram of the job.
+
+    ``intervals`` are time-ordered ``(start, end, lines)`` from the server's counts; touching
+    ones merge, empty stretches are skipped, and each busy span is cut into windows of about
+    ``window_lines`` lines (never under 1 ms), like logcli's batch mode but sized by data.
+    """
+    spans: list[list[int]] = []
+    for a, b, n in intervals:
+        if a >= b:
+            continue
+        if spans and a <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], b)
+            spans[-1][2] += n
+        else:
+            spans.append([a, b, n])
+    out: list[tuple[int, int]] = []
+    for a, b, n in spans:
+        out += even_windows(a, b, max(1, min(math.ceil(n / window_lines), (b - a) // 1_000_000)))
+    return out
 
 
 def load_job(backend: str, job_id: str, *, data_dir: str = "jobtrace-data", url: str | None = None,

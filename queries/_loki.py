@@ -41,7 +41,7 @@ from jobtrace.errors import BackendUnavailable, ConfigError, JobNotFound, QueryE
 
 from shippers._transport import url_for_display, url_without_suffix
 
-from ._backends import TimeRange
+from ._backends import TimeRange, busy_windows, even_windows
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["LokiReader", "load_loki", "query_base"]
@@ -156,33 +156,14 @@ class LokiReader:
         """Disjoint ``[start, end)`` windows covering every non-empty part of the range."""
         hist = self.histogram(selector, start_ns, end_ns)
         if hist is None:
-            return self._even(start_ns, end_ns, self.parallel)
+            return even_windows(start_ns, end_ns, self.parallel)
         step, buckets = hist
         if not buckets:
             return []
         # A point at t counts lines in (t - step, t]; pad by a step on both sides against
         # alignment and clock differences, then merge what touches.
-        spans: list[list[int]] = []
-        for t, n in buckets:
-            a, b = max(start_ns, t - 2 * step), min(end_ns, t + step + 1)
-            if a >= b:
-                continue
-            if spans and a <= spans[-1][1]:
-                spans[-1][1] = max(spans[-1][1], b)
-                spans[-1][2] += n
-            else:
-                spans.append([a, b, n])
-        out: list[tuple[int, int]] = []
-        for a, b, n in spans:
-            pieces = max(1, min(math.ceil(n / self.window_lines), (b - a) // 1_000_000))
-            out += self._even(a, b, pieces)
-        return out
-
-    @staticmethod
-    def _even(start_ns: int, end_ns: int, pieces: int) -> list[tuple[int, int]]:
-        size = max(1, (end_ns - start_ns) // pieces)
-        edges = [start_ns + i * size for i in range(pieces)] + [end_ns]
-        return [(edges[i], edges[i + 1]) for i in range(pieces) if edges[i] < edges[i + 1]]
+        padded = ((max(start_ns, t - 2 * step), min(end_ns, t + step + 1), n) for t, n in buckets)
+        return busy_windows(padded, self.window_lines)
 
     # ---- fetching ------------------------------------------------------------------------------------
     def fetch_window(self, selector: str, start_ns: int, end_ns: int) -> list[tuple[int, str]]:

@@ -36,7 +36,7 @@ from jobtrace.errors import BackendUnavailable, JobNotFound, QueryError
 
 from shippers._transport import url_for_display, url_without_suffix
 
-from ._backends import TimeRange
+from ._backends import TimeRange, busy_windows
 from ._store import COLUMNS, JobData, ReadStats, load_events
 
 __all__ = ["VictoriaLogsReader", "load_victorialogs", "logsql_quote", "rfc3339_ns"]
@@ -128,25 +128,13 @@ class VictoriaLogsReader:
         step_s = max(1, math.ceil(span_s / _MAX_BUCKETS))
         rows = self.query(f"{selector} | stats by (_time:{step_s}s) count() as n", start_ns, end_ns)
         step = step_s * 1_000_000_000
-        spans: list[list[int]] = []
+        counted = []
         for row in sorted(rows, key=lambda r: r.get("_time", "")):
             n = int(row.get("n") or 0)
-            if n <= 0 or "_time" not in row:
-                continue
-            a = max(start_ns, _parse_time_ns(row["_time"]))
-            b = min(end_ns, a + step)
-            if spans and a <= spans[-1][1]:
-                spans[-1][1] = max(spans[-1][1], b)
-                spans[-1][2] += n
-            else:
-                spans.append([a, b, n])
-        out: list[tuple[int, int]] = []
-        for a, b, n in spans:
-            pieces = max(1, min(math.ceil(n / self.window_lines), (b - a) // 1_000_000))
-            size = max(1, (b - a) // pieces)
-            edges = [a + i * size for i in range(pieces)] + [b]
-            out += [(edges[i], edges[i + 1]) for i in range(pieces) if edges[i] < edges[i + 1]]
-        return out
+            if n > 0 and "_time" in row:
+                a = max(start_ns, _parse_time_ns(row["_time"]))
+                counted.append((a, min(end_ns, a + step), n))
+        return busy_windows(counted, self.window_lines)
 
     def fetch_window(self, selector: str, start_ns: int, end_ns: int, stats: ReadStats) -> list[dict[str, Any]]:
         rows = self.query(f"{selector} | fields _msg", start_ns, end_ns)

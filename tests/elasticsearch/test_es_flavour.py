@@ -45,7 +45,7 @@ def test_the_clients_typed_api_would_send_its_own_major_which_elasticsearch_8_re
     from elasticsearch import BadRequestError, Elasticsearch
 
     if not elasticsearch.__versionstr__.startswith("9"):
-        pytest.skip("only a 9.x client sends compatible-with=9")
+        pytest.skip(reason="only a 9.x client sends compatible-with=9")
     client = Elasticsearch(es_shim.url)
     with pytest.raises(BadRequestError, match="media_type_header_exception"):
         client.indices.get_index_template(name="jobtrace-logs")

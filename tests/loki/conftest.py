@@ -41,7 +41,7 @@ def _own_server(config: pytest.Config) -> Iterator[Any]:
     from tests.servers import VictoriaLogsServer
 
     if _skip_servers(config):
-        pytest.skip("victorialogs: real test servers skipped by --skip-servers / JOBTRACE_SKIP_SERVERS=1")
+        pytest.skip(reason="victorialogs: real test servers skipped by --skip-servers / JOBTRACE_SKIP_SERVERS=1")
     server = VictoriaLogsServer()
     try:
         server.start()

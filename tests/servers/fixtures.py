@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _maybe_skip(config: pytest.Config, name: str) -> None:
     if _skip_requested(config) and not _in_ci():
-        pytest.skip(f"{name}: real test servers skipped by --skip-servers / JOBTRACE_SKIP_SERVERS=1")
+        pytest.skip(reason=f"{name}: real test servers skipped by --skip-servers / JOBTRACE_SKIP_SERVERS=1")
 
 
 def _serve(config: pytest.Config, cls: type[ManagedServer]) -> Iterator[Any]:
