@@ -32,7 +32,6 @@ __all__ = [
     "decode",
     "encode",
     "encode_lines",
-    "encode_many",
     "DecodeError",
 ]
 
@@ -174,10 +173,6 @@ def encode(ev: Event | Mapping[str, Any]) -> bytes:
     """
     d = ev.to_dict() if isinstance(ev, Event) else ev
     return _DUMPS(d, default=_default, option=_OPTS)
-
-
-def encode_many(events: Iterable[Event | Mapping[str, Any]]) -> bytes:
-    return b"".join(encode(e) for e in events)
 
 
 def encode_lines(dicts: Iterable[Mapping[str, Any]]) -> list[bytes]:
