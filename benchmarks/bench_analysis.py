@@ -11,8 +11,11 @@ point, a memory point and a log line; one slow rank, one leaking rank) under ``-
 fresh process with ``JOBTRACE_THREADS`` cores for DuckDB, so peak RSS is the
 analysis's own: it reports the load (JSON scan into the ``events`` table) and the
 analysis (every check, as ``trace-job`` runs them) apart, and the raw size on disk.
-The first pass reads the JSON lines (and writes the job's Parquet cache, as the first
-``trace-job`` of a finished job does); the second pass reads the cache. Prints figures;
+Three passes per job: "segments" is the first read of a job whose ranks all exited
+cleanly (each left the Parquet segment of its lines); "lines" the first read of a job
+whose ranks were killed (every JSON line parsed; it writes the job's Parquet cache, as
+the first ``trace-job`` of such a job does); "cached" the read after that. The cost
+of writing the segments (what each rank pays at exit) is printed too. Prints figures;
 asserts nothing.
 """
 
@@ -46,6 +49,7 @@ print(json.dumps({{"load_s": t1 - t0, "analyze_s": t2 - t1, "events": job.stats.
 
 def generate(data: Path, ranks: int, steps: int) -> tuple[str, float]:
     from jobtrace.synth import SynthJob, write_job
+    from queries._segments import compact
 
     job_id = f"bench-{ranks}x{steps}"
     directory = data / job_id
@@ -53,10 +57,17 @@ def generate(data: Path, ranks: int, steps: int) -> tuple[str, float]:
     t = 0.0
     if not done.exists():
         t0 = time.perf_counter()
-        write_job(data, SynthJob(job_id=job_id, ranks=ranks, steps=steps, logs_per_step=1,
+        write_job(data, SynthJob(job_id=job_id, ranks=ranks, steps=steps, logs_per_step=1, compact=False,
                                  slow_ranks={ranks // 3: 1.5}, leaks={ranks - 1: (steps // 2, 1.0)}))
         done.touch()
         t = time.perf_counter() - t0
+    files = sorted(directory.glob("*.jsonl"))
+    if not any(directory.glob("*.jsonl.*.parquet")):
+        t0 = time.process_time()
+        for path in files:
+            compact(path)
+        cpu = time.process_time() - t0
+        print(f"segments written: {cpu / len(files) * 1e3:.1f} ms CPU per rank ({cpu:.1f} s for {len(files)} ranks)")
     return job_id, t
 
 
@@ -85,16 +96,27 @@ def main() -> None:
     for ranks in args.ranks:
         for steps in args.steps:
             job_id, gen_s = generate(args.dir, ranks, steps)
-            raw = sum(f.stat().st_size for f in (args.dir / job_id).glob("*.jsonl")) / 2**20
-            for cache in (args.dir / job_id / ".cache").glob("*"):
-                cache.unlink()  # first pass: JSON lines, as right after the job (it writes the Parquet cache)
-            for label in ("json", "cached"):
+            directory = args.dir / job_id
+            raw = sum(f.stat().st_size for f in directory.glob("*.jsonl")) / 2**20
+            hidden = directory / ".segments-hidden"
+            for label in ("segments", "lines", "cached"):
+                if label == "segments":
+                    for cache in (directory / ".cache").glob("*"):
+                        cache.unlink()
+                if label == "lines":  # as if every rank had been killed: no segment
+                    hidden.mkdir(exist_ok=True)
+                    for seg in directory.glob("*.jsonl.*.parquet"):
+                        seg.rename(hidden / seg.name)
                 m = measure(args.dir, job_id, args.threads, args.memory_limit)
                 print(f"{ranks:>6} {steps:>6} {m['events']:>12,} {raw:>9,.0f} {m['load_s']:>8.2f} "
                       f"{m['analyze_s']:>10.2f} {m['load_s'] + m['analyze_s']:>8.2f} {m['peak_mb']:>8,.0f}  "
-                      f"{label:<7}{','.join(m['findings'])}" + (f"   (generated in {gen_s:.0f}s)" if gen_s else ""),
+                      f"{label:<9}{','.join(m['findings'])}" + (f"   (generated in {gen_s:.0f}s)" if gen_s else ""),
                       flush=True)
                 gen_s = 0.0
+            for seg in hidden.glob("*"):
+                seg.rename(directory / seg.name)
+            for cache in (directory / ".cache").glob("*"):
+                cache.unlink()
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def open_sink(kind: str, job: str, *, data_dir: str | os.PathLike[str] = "jobtra
     if kind == "local":
         directory = job_dir(data_dir, job)
         if overwrite and directory.is_dir():
-            for old in directory.glob("*.p0.jsonl"):
+            for old in [*directory.glob("*.p0.jsonl"), *directory.glob("*.p0.jsonl.*.parquet")]:
                 old.unlink()
 
         def local(node: str, rank: int) -> Sink:

@@ -33,10 +33,39 @@ __all__ = [
     "encode",
     "encode_lines",
     "DecodeError",
+    "COLUMNS",
 ]
 
 SCHEMA_VERSION: Final = 1
 """Bumped whenever a key changes meaning; readers refuse versions newer than theirs."""
+
+COLUMNS: Final[dict[str, str]] = {
+    "ts": "BIGINT",
+    "kind": "VARCHAR",
+    "job": "VARCHAR",
+    "trace_id": "VARCHAR",
+    "rank": "INTEGER",
+    "local_rank": "INTEGER",
+    "world": "INTEGER",
+    "node": "VARCHAR",
+    "pid": "BIGINT",
+    "span_id": "VARCHAR",
+    "parent_id": "VARCHAR",
+    "step": "BIGINT",
+    "level": "VARCHAR",
+    "logger": "VARCHAR",
+    "msg": "VARCHAR",
+    "exc": "VARCHAR",
+    "name": "VARCHAR",
+    "cat": "VARCHAR",
+    "start": "BIGINT",
+    "dur": "BIGINT",
+    "attrs": "JSON",
+    "metrics": "JSON",
+    "est": "BOOLEAN",
+    "v": "INTEGER",
+}
+"""Every key of the canonical encoding as a typed column: the schema every columnar reader and writer uses."""
 
 
 class Kind:

@@ -48,6 +48,7 @@ class SynthJob:
     logs_per_step: int = 1
     heartbeat_s: float = 10.0
     seed: int = 7
+    compact: bool | None = None  # write each rank's Parquet segment, as a clean exit does (default: unless hung)
     t0_ns: int = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 
 
@@ -138,4 +139,9 @@ def write_job(data_dir: str | os.PathLike[str], job: SynthJob) -> Path:
     finally:
         for fh in files.values():
             fh.close()
+    if job.compact if job.compact is not None else job.hang_rank is None:
+        from queries._segments import compact
+
+        for fh in files.values():
+            compact(fh.name)
     return directory

@@ -56,7 +56,7 @@ def analyze(
     """
     cfg = config or AnalysisConfig()
     con = job.con
-    build_tables(con)
+    build_tables(con, job.derive_from, job.rollups)
     step_info = rows(
         con, "SELECT count(DISTINCT step) AS n, min(step) AS lo, max(step) AS hi, median(step_ns) AS med FROM steps"
     )[0]

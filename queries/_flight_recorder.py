@@ -31,7 +31,8 @@ import orjson
 
 from jobtrace.errors import QueryError
 
-from ._store import JobData, ReadStats, _columns_sql, load_events
+from ._segments import json_scan_sql
+from ._store import JobData, ReadStats, load_events
 
 __all__ = ["add_flight_recorder", "flight_recorder_events", "load_flight_recorder", "read_flight_recorder"]
 
@@ -192,7 +193,7 @@ def add_flight_recorder(job: JobData, paths: Iterable[str | os.PathLike[str]]) -
     job.writable()
     try:
         job.con.execute(
-            f"""INSERT INTO events SELECT * FROM read_json(?, format='newline_delimited', columns={_columns_sql()})""",
+            f"INSERT INTO events SELECT * FROM {json_scan_sql()}",
             [path],
         )
     finally:

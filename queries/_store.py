@@ -23,36 +23,12 @@ import duckdb
 import orjson
 
 from jobtrace.errors import JobNotFound, QueryError
+from jobtrace.events import COLUMNS
+from ._segments import SEGMENT_RE, json_scan_sql, rollup_paths, segment_for
 from shippers._local import job_dir
 
 __all__ = ["COLUMNS", "JobData", "ReadStats", "load_local", "load_events", "list_local_jobs"]
 
-COLUMNS: dict[str, str] = {
-    "ts": "BIGINT",
-    "kind": "VARCHAR",
-    "job": "VARCHAR",
-    "trace_id": "VARCHAR",
-    "rank": "INTEGER",
-    "local_rank": "INTEGER",
-    "world": "INTEGER",
-    "node": "VARCHAR",
-    "pid": "BIGINT",
-    "span_id": "VARCHAR",
-    "parent_id": "VARCHAR",
-    "step": "BIGINT",
-    "level": "VARCHAR",
-    "logger": "VARCHAR",
-    "msg": "VARCHAR",
-    "exc": "VARCHAR",
-    "name": "VARCHAR",
-    "cat": "VARCHAR",
-    "start": "BIGINT",
-    "dur": "BIGINT",
-    "attrs": "JSON",
-    "metrics": "JSON",
-    "est": "BOOLEAN",
-    "v": "INTEGER",
-}
 
 
 @dataclass
@@ -75,19 +51,24 @@ class JobData:
     con: duckdb.DuckDBPyConnection
     stats: ReadStats
     source: str
+    derive_from: str = "events"
+    """The relation the derived tables are built from: ranks whose rollup is not in :attr:`rollups`."""
+    rollups: dict[str, list[str]] = field(default_factory=dict)
+    """Per derived table, the rollup files that ranks wrote at exit (see :mod:`._segments`)."""
 
     def writable(self) -> None:
-        """Turn ``events`` into a table if it is a read-only view over the Parquet cache."""
+        """Turn ``events`` into a table (if it is a read-only view over Parquet) so events can be added.
+
+        Added events may belong to any rank, so the ranks' rollups no longer tell the
+        whole story: everything is derived from ``events`` from then on.
+        """
+        self.derive_from, self.rollups = "events", {}
         kind = self.con.execute(
             "SELECT table_type FROM information_schema.tables WHERE table_name = 'events'").fetchone()
         if kind and kind[0] == "VIEW":
             self.con.execute("CREATE TABLE events_copy AS SELECT * FROM events")
             self.con.execute("DROP VIEW events")
             self.con.execute("ALTER TABLE events_copy RENAME TO events")
-
-
-def _columns_sql() -> str:
-    return "{" + ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items()) + "}"
 
 
 def _connect() -> duckdb.DuckDBPyConnection:
@@ -107,7 +88,12 @@ def list_local_jobs(data_dir: str | os.PathLike[str]) -> list[str]:
     root = Path(data_dir)
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.jsonl")))
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and (any(p.glob("*.jsonl")) or any(_segments(p))))
+
+
+def _segments(directory: Path) -> Iterable[Path]:
+    return (p for p in directory.glob("*.jsonl.*.parquet") if SEGMENT_RE.match(p.name))
 
 
 def _count_lines(paths: Iterable[str]) -> tuple[int, int]:
@@ -140,26 +126,77 @@ def _signature(paths: list[str]) -> tuple[str, bool]:
     return h.hexdigest()[:16], (time.time_ns() - newest) / 1e9 > settle_s
 
 
+@dataclass
+class _Files:
+    """A job directory's files, each rank's data taken once: from its segment when it matches, else its lines."""
+
+    lines: list[str] = field(default_factory=list)
+    segments: list[str] = field(default_factory=list)
+    unrolled: list[str] = field(default_factory=list)
+    """Segments without a complete rollup: their ranks' derived rows must be built from their events."""
+    rollups: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def all(self) -> list[str]:
+        return sorted(self.lines + self.segments)
+
+    def add_segment(self, seg: Path) -> None:
+        self.segments.append(str(seg))
+        rollup = rollup_paths(seg)
+        if all(p.exists() for p in rollup.values()):
+            for table, p in rollup.items():
+                self.rollups.setdefault(table, []).append(str(p))
+        else:
+            self.unrolled.append(str(seg))
+
+
+def _job_files(directory: Path) -> _Files:
+    """JSON-lines files without a matching segment, and the segments that stand for the rest.
+
+    A segment stands for its JSON file only while the file has the length and mtime the
+    segment was made from; a segment whose JSON file is gone (raw logs pruned) stands alone.
+    """
+    files = _Files()
+    jsonl = sorted(directory.glob("*.jsonl"))
+    for path in jsonl:
+        seg = segment_for(path)
+        if seg:
+            files.add_segment(seg)
+        else:
+            files.lines.append(str(path))
+    names = {p.name for p in jsonl}
+    orphans: dict[str, Path] = {}
+    for seg in sorted(_segments(directory)):
+        source = SEGMENT_RE.match(seg.name)["source"]  # type: ignore[index]
+        if source not in names:
+            orphans[source] = seg  # several for one pruned file (it was rewritten): the last one sorted
+    for seg in orphans.values():
+        files.add_segment(seg)
+    return files
+
+
 def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = True, cache: bool = True) -> JobData:
     """Load a job from the embedded store; torn and corrupt lines are skipped and counted.
 
-    The first read of a finished job parses its JSON lines (the crash-safe format ranks
-    write) and keeps a zstd Parquet copy in ``<job>/.cache/``; later reads query that
-    copy in place, so ``trace-job`` on a 1,000-rank job is fast the second time and the
-    events never have to fit in memory. The cache is keyed by every file's size and
-    mtime, so any new line invalidates it; a running job is never cached.
+    Each rank that exited cleanly left a Parquet segment of its lines (see
+    :mod:`queries._segments`); those are queried in place, and only the other ranks'
+    JSON lines (a crashed or killed rank, a job still running) are parsed. The first
+    read of a finished job that needed parsing keeps a zstd Parquet copy of the whole
+    job in ``<job>/.cache/``, so ``trace-job`` on a 1,000-rank job is fast the second
+    time and the events never have to fit in memory. The cache is keyed by every
+    file's size and mtime, so any new line invalidates it; a running job is never cached.
     """
     directory = job_dir(data_dir, job_id)
-    paths = sorted(glob.glob(str(directory / "*.jsonl")))
-    if not paths:
+    files = _job_files(directory)
+    if not files.lines and not files.segments:
         known = list_local_jobs(data_dir)
         hint = f"; jobs in {data_dir}: {', '.join(known[:10])}" if known else f"; {data_dir} holds no jobs"
         raise JobNotFound(f"no events for job {job_id!r} in {directory}{hint}")
     con = _connect()
-    sig, settled = _signature(paths)
+    sig, settled = _signature(files.all)
     cached = directory / ".cache" / f"events-{sig}.parquet"
     stats_file = cached.with_suffix(".stats.json")
-    if cache and cached.exists() and stats_file.exists():
+    if cache and files.lines and cached.exists() and stats_file.exists():
         try:
             con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{_sql_str(cached)}')")
             stats = ReadStats(**orjson.loads(stats_file.read_bytes()))
@@ -167,26 +204,40 @@ def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = 
         except (duckdb.Error, orjson.JSONDecodeError, TypeError):
             con = _connect()  # a damaged cache: read the JSON again
     try:
-        con.execute(
-            f"""CREATE TABLE events AS SELECT * FROM read_json(?, format='newline_delimited',
-                columns={_columns_sql()}, ignore_errors=true, maximum_object_size=16777216)
-                WHERE kind IS NOT NULL AND ts IS NOT NULL""",
-            [paths],
-        )
+        if files.lines:
+            con.execute(f"CREATE TABLE events_lines AS SELECT * FROM {json_scan_sql()} "
+                        "WHERE kind IS NOT NULL AND ts IS NOT NULL", [files.lines])
+        _union_view(con, "events", files.lines, files.segments)
+        _union_view(con, "events_unrolled", files.lines, files.unrolled)
     except duckdb.Error as exc:
         raise QueryError(f"cannot read the store at {directory}: {exc}") from exc
-    stats = ReadStats(files=len(paths))
+    stats = ReadStats(files=len(files.lines) + len(files.segments))
     stats.events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
     if verify:
-        stats.lines, stats.torn_lines = _count_lines(paths)
+        # A segment exists only for a file whose every line parsed: its lines are its events.
+        line_events = con.execute("SELECT count(*) FROM events_lines").fetchone()[0] if files.lines else 0  # type: ignore[index]
+        lines, stats.torn_lines = _count_lines(files.lines)
+        stats.lines = lines + stats.events - line_events
         stats.corrupt_lines = max(0, stats.lines - stats.events)
         if stats.torn_lines:
             stats.skipped["torn last line (crash mid-write)"] = stats.torn_lines
         if stats.corrupt_lines:
             stats.skipped["not a valid event"] = stats.corrupt_lines
-    if cache and settled:
+    if cache and settled and files.lines:
         _write_cache(con, cached, stats_file, stats)
-    return JobData(job_id, con, stats, f"local:{directory}")
+    return JobData(job_id, con, stats, f"local:{directory}", "events_unrolled", files.rollups)
+
+
+def _union_view(con: duckdb.DuckDBPyConnection, name: str, lines: list[str], segments: list[str]) -> None:
+    """``name`` = the parsed lines plus the segments given (an empty relation of the right shape if neither)."""
+    parts = ["SELECT * FROM events_lines"] if lines else []
+    if segments:
+        listed = ", ".join(f"'{_sql_str(p)}'" for p in segments)
+        parts.append(f"SELECT {', '.join(COLUMNS)} FROM read_parquet([{listed}])")
+    if not parts:
+        cols = ", ".join(f"NULL::{t} AS {k}" for k, t in COLUMNS.items())
+        parts.append(f"SELECT {cols} WHERE false")
+    con.execute(f"CREATE VIEW {name} AS " + " UNION ALL ".join(parts))
 
 
 def _sql_str(path: os.PathLike[str] | str) -> str:
@@ -227,8 +278,7 @@ def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, s
         if n == 0:
             raise JobNotFound(f"no events for job {job_id!r} in {source}")
         con.execute(
-            f"""CREATE TABLE events AS SELECT * FROM read_json(?, format='newline_delimited',
-                columns={_columns_sql()}, ignore_errors=true) WHERE kind IS NOT NULL AND ts IS NOT NULL""",
+            f"CREATE TABLE events AS SELECT * FROM {json_scan_sql()} WHERE kind IS NOT NULL AND ts IS NOT NULL",
             [path],
         )
     finally:

@@ -11,6 +11,8 @@ Why this shape:
   that does not end in a newline and count it (see :mod:`queries`).
 * ``fsync`` is not called per batch (that would cost milliseconds on shared file
   systems); it is called on flush at shutdown so a clean exit is durable.
+* On a clean close the file also gets its columnar segment (:mod:`queries._segments`),
+  so reading a finished job does not have to parse every rank's JSON again.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ def job_dir(data_dir: str | os.PathLike[str], job_id: str) -> Path:
 class LocalStoreSink:
     """Appends encoded event lines to this process's file in the job directory."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], job_id: str, node: str, rank: int, pid: int) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], job_id: str, node: str, rank: int, pid: int,
+                 *, compact: bool | None = None) -> None:
+        # JOBTRACE_COMPACT=0 keeps a job's directory to JSON lines only (e.g. a tool that reads them itself).
+        self.compact = os.environ.get("JOBTRACE_COMPACT", "1") != "0" if compact is None else compact
         self.dir = job_dir(data_dir, job_id)
         self.path = self.dir / f"{_safe(node)}.r{rank}.p{pid}.jsonl"
         try:
@@ -67,3 +72,8 @@ class LocalStoreSink:
                 pass
             os.close(self._fd)
             self._fd = -1
+            if self.compact:
+                # Imported only now: the query engine (DuckDB) is not worth its import time at training startup.
+                from queries._segments import compact
+
+                compact(self.path)

@@ -14,6 +14,7 @@ pytest.importorskip("torch", reason="torch is part of the test dependencies (job
 
 from jobtrace.demo import DemoConfig, run_job  # noqa: E402
 from queries import AnalysisConfig, analyze, load_local  # noqa: E402
+from queries._segments import segment_for  # noqa: E402
 from tests.conftest import read_events  # noqa: E402
 
 pytestmark = pytest.mark.torchjob
@@ -41,6 +42,11 @@ class TestHealthy:
         events = read_events(tmp_path / "healthy")
         assert {e["trace_id"] for e in events} == set(report.trace_ids) and len(report.trace_ids) == 1
         assert {e["rank"] for e in events if e["kind"] == "log"} == {0, 1, 2, 3}
+        # Each rank exited cleanly, so each left the columnar segment of its own lines, and the report came from them.
+        job = load_local(tmp_path, "healthy")
+        files = sorted((tmp_path / "healthy").glob("*.jsonl"))
+        assert len(files) == 4 and all(segment_for(f) for f in files)
+        assert job.stats.events == job.stats.lines == len(events)
 
         colls = [e for e in events if e.get("cat") == "collective"]
         ops = Counter(e["name"] for e in colls)

@@ -1,0 +1,123 @@
+"""Columnar segments: each rank turns its own JSON-lines file into Parquet when it exits cleanly.
+
+Why the rank does it, and not ``trace-job``:
+
+* Parsing JSON and deriving per-step tables is most of the cost of reading a job (a
+  1,024-rank job is ~2.7 GB of lines). Done by each rank at exit it costs tens of
+  milliseconds of that rank's time, in parallel over every node, instead of half a
+  minute in the one process that reads the whole job.
+* A rank writes two things: its *segment* (its events, typed) and its *rollup* (its
+  rows of the derived tables ``colls``, ``steps`` and ``mets``, see :mod:`._tables`;
+  each of those rows depends on one rank's events only). The reader then scans the
+  segments for the checks that need events and appends the rollups instead of
+  deriving those ranks again.
+* The JSON-lines file stays the durable record (crash-safe, greppable, what the
+  shippers send). A segment names the byte length and mtime of the file it was made
+  from (``<file>.<bytes>-<mtime ns>.parquet``), so a reader uses it only while the file
+  is unchanged and falls back to the lines otherwise (a copy that did not keep mtimes
+  only costs speed). If the JSON file is later removed (short raw retention), the
+  segment alone still serves. Rollup names carry :data:`ROLLUP_KEY`, a hash of the
+  derived tables' SQL, so another version's rollups are ignored, not misread.
+* A segment is written only when every line parsed (no torn or invalid line), so a
+  reader can take ``lines == events`` from it and its accounting stays exact.
+
+Everything here is best effort: a segment that cannot be written is simply absent.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+from jobtrace.events import COLUMNS
+
+from ._tables import DERIVED, ROLLUP_KEY, build_tables
+
+__all__ = ["compact", "json_scan_sql", "rollup_paths", "segment_for", "SEGMENT_RE"]
+
+SEGMENT_RE = re.compile(r"^(?P<source>.+\.jsonl)\.(?P<bytes>\d+)-(?P<mtime>\d+)\.parquet$")
+"""A segment's file name: the JSON-lines file it was made from, and that file's length and mtime then."""
+
+
+def json_scan_sql() -> str:
+    """DuckDB's scan of canonical JSON lines (one ``?`` parameter: the file list), schema fixed.
+
+    A fixed schema makes every reader agree on types whatever keys a file happens to
+    contain; invalid lines become NULL rows, which callers drop and count.
+    """
+    cols = "{" + ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items()) + "}"
+    return (f"read_json(?, format='newline_delimited', columns={cols}, ignore_errors=true, "
+            f"maximum_object_size=16777216)")
+
+
+def _segment_name(name: str, st: os.stat_result) -> str:
+    return f"{name}.{st.st_size}-{st.st_mtime_ns}.parquet"
+
+
+def segment_for(path: Path) -> Path | None:
+    """The segment that still matches ``path``'s current length and mtime, if there is one."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    seg = path.with_name(_segment_name(path.name, st))
+    return seg if seg.exists() else None
+
+
+def rollup_paths(segment: Path) -> dict[str, Path]:
+    """Where the rollup of ``segment`` lives, one file per derived table."""
+    stem = segment.name[: -len(".parquet")]
+    return {t: segment.with_name(f"{stem}.{t}-{ROLLUP_KEY}.parquet") for t in DERIVED}
+
+
+def _count_lines(path: Path) -> tuple[int, bool]:
+    """Complete lines, and whether the file ends in a torn line."""
+    lines = 0
+    tail = b"\n"
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            lines += chunk.count(b"\n")
+            tail = chunk[-1:]
+    return lines, tail != b"\n"
+
+
+def _sql_str(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def compact(path: str | os.PathLike[str]) -> Path | None:
+    """Write the segment and rollup of one rank's JSON-lines file; ``None`` when they were not written."""
+    src = Path(path)
+    try:
+        before = src.stat()
+        if before.st_size == 0:
+            return None
+        lines, torn = _count_lines(src)
+        if torn:
+            return None
+        import duckdb  # only now: a rank that never exits cleanly never pays for the import
+
+        con = duckdb.connect(":memory:")
+        con.execute("SET threads = 1")  # the node's cores belong to the other ranks still training
+        con.execute(f"CREATE TABLE events AS SELECT * FROM {json_scan_sql()} WHERE kind IS NOT NULL AND ts IS NOT NULL",
+                    [[str(src)]])
+        events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
+        if events != lines or _segment_name(src.name, src.stat()) != _segment_name(src.name, before):
+            return None  # an invalid line (its accounting needs the raw read) or the file changed meanwhile
+        seg = src.with_name(_segment_name(src.name, before))
+        build_tables(con)
+        outputs = {**{t: p for t, p in rollup_paths(seg).items()}, "events": seg}
+        for table, out in outputs.items():  # the segment last: readers key off it
+            tmp = out.with_name(out.name + ".tmp")
+            con.execute(f"COPY {table} TO '{_sql_str(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+            os.replace(tmp, out)
+        con.close()
+        keep = set(outputs.values())
+        for old in src.parent.glob(f"{glob.escape(src.name)}.*.parquet"):
+            if old not in keep:
+                old.unlink(missing_ok=True)
+        return seg
+    except Exception:  # noqa: BLE001 - a missing segment only costs the reader time
+        return None

@@ -1,0 +1,99 @@
+"""Columnar segments: what a rank leaves at a clean exit, and how the reader trusts or bypasses them."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from jobtrace.synth import SynthJob, write_job
+from queries import analyze, load_local
+from queries._segments import SEGMENT_RE, compact, rollup_paths, segment_for
+from shippers._local import LocalStoreSink
+
+
+def _summaries(job):
+    return [f.summary for f in analyze(job).findings]
+
+
+def test_segments_give_the_same_events_and_report_as_the_lines(tmp_path):
+    """The same job read from its segments and from its lines: identical events, counts and verdicts."""
+    spec = dict(ranks=8, steps=40, slow_ranks={3: 1.8}, leaks={6: (20, 4.0)}, nan_step=35)
+    write_job(tmp_path / "a", SynthJob(job_id="j", compact=True, **spec))
+    write_job(tmp_path / "b", SynthJob(job_id="j", compact=False, **spec))
+    segments = [p for p in (tmp_path / "a/j").iterdir() if SEGMENT_RE.match(p.name)]
+    assert len(segments) == 8 and all(p.exists() for s in segments for p in rollup_paths(s).values())
+    assert not glob.glob(str(tmp_path / "b/j/*.parquet"))
+    seg, raw = load_local(tmp_path / "a", "j", cache=False), load_local(tmp_path / "b", "j", cache=False)
+    assert sorted(seg.rollups) == ["colls", "mets", "steps"] and not raw.rollups
+    query = "SELECT * FROM events ORDER BY rank, ts, kind, span_id, msg, metrics::VARCHAR"
+    assert seg.con.execute(query).fetchall() == raw.con.execute(query).fetchall()
+    assert (seg.stats.lines, seg.stats.events, seg.stats.skipped) == (raw.stats.lines, raw.stats.events, {})
+    found = _summaries(seg)
+    assert found == _summaries(raw) and any("rank 3" in s for s in found)
+    # The derived tables appended from the ranks' rollups equal those derived from the events.
+    for table, order in (("steps", "rank, step"), ("mets", "rank, step"), ("colls", "rank, ts, span_id")):
+        q = f"SELECT * FROM {table} ORDER BY {order}"
+        assert repr(seg.con.execute(q).fetchall()) == repr(raw.con.execute(q).fetchall()) != "[]"  # NaN-safe
+
+
+def test_a_mixed_job_derives_only_the_ranks_without_a_rollup(tmp_path):
+    """A killed rank (no segment) and a rank with a segment from another version (no rollup) beside clean ranks."""
+    spec = dict(ranks=4, steps=20, slow_ranks={1: 2.0})
+    directory = write_job(tmp_path / "a", SynthJob(job_id="m", **spec))
+    write_job(tmp_path / "b", SynthJob(job_id="m", compact=False, **spec))
+    files = sorted(directory.glob("*.jsonl"))
+    for p in directory.glob(f"{glob.escape(files[0].name)}.*.parquet"):
+        p.unlink()  # rank 0 was killed: lines only
+    for p in rollup_paths(segment_for(files[2])).values():
+        p.unlink()  # rank 2's rollup is missing: derived from its segment
+    mixed, raw = load_local(tmp_path / "a", "m", cache=False), load_local(tmp_path / "b", "m", cache=False)
+    assert len(mixed.rollups["steps"]) == 2
+    assert _summaries(mixed) == _summaries(raw)
+    q = "SELECT * FROM steps ORDER BY rank, step"
+    assert mixed.con.execute(q).fetchall() == raw.con.execute(q).fetchall()
+
+
+def test_a_file_that_grew_after_its_segment_is_read_from_its_lines(tmp_path):
+    directory = write_job(tmp_path, SynthJob(job_id="g", ranks=2, steps=5))
+    before = load_local(tmp_path, "g", cache=False).stats.events
+    path = sorted(directory.glob("*.jsonl"))[0]
+    with open(path, "ab") as fh:
+        fh.write(b'{"ts":1,"kind":"log","job":"g","trace_id":"x","rank":0,"msg":"late"}\n')
+        fh.write(b'not json at all\n')
+    assert segment_for(path) is None  # the old segment no longer matches the file's length
+    job = load_local(tmp_path, "g", cache=False)
+    assert job.stats.events == before + 1
+    assert job.stats.skipped == {"not a valid event": 1}
+    assert job.con.execute("SELECT count(*) FROM events WHERE msg = 'late'").fetchone() == (1,)
+
+
+def test_no_segment_for_a_torn_or_invalid_file(tmp_path):
+    torn = tmp_path / "n.r0.p1.jsonl"
+    torn.write_bytes(b'{"ts":1,"kind":"log","msg":"a"}\n{"ts":2,"kind":"lo')
+    bad = tmp_path / "n.r1.p2.jsonl"
+    bad.write_bytes(b'{"ts":1,"kind":"log","msg":"a"}\n\x00\xff binary junk\n')
+    assert compact(torn) is None and compact(bad) is None
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+def test_a_segment_serves_alone_once_the_raw_lines_are_pruned(tmp_path):
+    directory = write_job(tmp_path, SynthJob(job_id="p", ranks=4, steps=10, slow_ranks={2: 2.0}))
+    full = load_local(tmp_path, "p", cache=False)
+    for path in directory.glob("*.jsonl"):
+        path.unlink()
+    pruned = load_local(tmp_path, "p", cache=False)
+    assert pruned.stats.events == full.stats.events and pruned.stats.files == 4
+    assert "p" in __import__("queries").list_local_jobs(tmp_path)
+
+
+@pytest.mark.parametrize("env,expected", [("1", True), ("0", False)])
+def test_the_store_sink_writes_its_segment_on_close_unless_disabled(tmp_path, monkeypatch, env, expected):
+    monkeypatch.setenv("JOBTRACE_COMPACT", env)
+    sink = LocalStoreSink(tmp_path, "s", "node-a", 0, os.getpid())
+    sink.write([b'{"ts":5,"kind":"log","job":"s","rank":0,"msg":"hi"}\n'] * 3)
+    sink.close()
+    assert (segment_for(sink.path) is not None) == expected
+    job = load_local(tmp_path, "s", cache=False)
+    assert (job.stats.lines, job.stats.events) == (3, 3)
