@@ -1,0 +1,82 @@
+"""The export thread's line encoder: its spliced fast path equals the general dict path, and one bad item costs nothing else."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+
+from jobtrace.events import decode, encode_lines
+from otel_instrumentation._identity import resolve_identity
+from otel_instrumentation._recorder import _LOG, _SPAN, Recorder
+
+
+@pytest.fixture
+def rec():
+    return Recorder(resolve_identity(job_id='job "quoted" é', rank=3, world_size=8, env={}))
+
+
+def _general(rec, item):
+    return encode_lines([rec.to_dict(item)])[0]
+
+
+LOGS = [
+    (_LOG, 1767225600.123456, "INFO", "train", "step %d loss %.4f", (7, 0.25), None, None, None),
+    (_LOG, 1767225600.5, "WARNING", "deepspeed.engine", "no args", None, None, 0x1234, 12),
+    (_LOG, 1767225600.5, "ERROR", "x", 'quotes " and \\ and \n newline, 日本語, emoji 🚀', None,
+     "Traceback (most recent call last):\n  ValueError: boom", 2**64 - 1, 0),
+    (_LOG, 1767225600.5, "Level 25", "custom.level", "%s", ({"a": 1},), None, None, None),
+    (_LOG, 1767225600.5, "INFO", "bad", "%d items", ("not a number",), None, None, None),  # format error
+    (_LOG, 1767225600.5, "INFO", "obj", 12345, None, None, None, None),  # non-str msg
+    (_LOG, 1767225600.5, "INFO", "stepf", "float step", None, None, None, 3.0),  # non-int step
+]
+SPANS = [
+    (_SPAN, 0xABC, None, "step", "step", 10, 25, 4, None),
+    (_SPAN, 0xABD, 0xABC, "forward", "phase", 11, 20, 4, None),
+    (_SPAN, 0xABE, 0xABD, "all_reduce", "collective", 12, 19, None,
+     {"op": "all_reduce", "group": "default", "seq": 9, "bytes": 1 << 24, "group_size": 8, "async": False}),
+    (_SPAN, 0xABF, None, "user span ü", "user", 1, 2, None, {"tags": {"x", "y"} and ["x"], "nested": {"k": [1, 2.5]}}),
+]
+
+
+@pytest.mark.parametrize("item", LOGS + SPANS, ids=lambda i: f"{i[0]}-{i[3]}")
+def test_fast_path_bytes_equal_the_general_path(rec, item):
+    line = rec.encode_batch([item])[0]
+    assert line == _general(rec, item)
+    assert decode(line).job == 'job "quoted" é'
+
+
+def test_real_log_records_and_spans_round_trip(rec):
+    items = []
+    rec.emit = items.append
+    log = logging.getLogger("enc.test")
+    rec.log_record(log.makeRecord("enc.test", logging.INFO, __file__, 1, "value %s at %d", ("x", 3), None))
+    with rec.span("outer", "user", step=2, key="v"):
+        with rec.span("inner", "phase"):
+            rec.log_record(log.makeRecord("enc.test", logging.ERROR, __file__, 1, "inside", None, None))
+    lines = rec.encode_batch(items)
+    assert lines == [_general(rec, i) for i in items]
+    events = [orjson.loads(x) for x in lines]
+    assert [e["kind"] for e in events] == ["log", "log", "span", "span"]
+    assert events[1]["span_id"] == events[2]["span_id"] and events[2]["parent_id"] == events[3]["span_id"]
+
+
+def test_a_lone_surrogate_is_escaped_and_costs_no_other_event(rec):
+    """A message holding a surrogateescape-decoded byte (an undecodable file name) must not lose the batch."""
+    bad = (_LOG, 1767225600.5, "INFO", "io", "cannot open /data/caf\udce9.bin", None, None, None, 1)
+    odd_attrs = (_SPAN, 0xA, None, "span", "user", 1, 2, None, {1: "int key", "s": "x\udcff"})
+    good = LOGS[0]
+    lines = rec.encode_batch([good, bad, odd_attrs, good])
+    assert len(lines) == 4 and lines[0] == lines[3] == _general(rec, good)
+    msg = orjson.loads(lines[1])["msg"]
+    assert msg.startswith("cannot open /data/caf") and "\\udce9" in msg
+    assert orjson.loads(lines[2])["attrs"] == {"1": "int key", "s": "x\\udcff"}
+
+
+def test_an_item_that_cannot_be_encoded_becomes_an_error_event(rec):
+    broken = (_LOG, "not a time", "INFO", "x", "m", None, None, None, None)
+    (line,) = rec.encode_batch([broken])
+    ev = orjson.loads(line)
+    assert (ev["kind"], ev["level"], ev["logger"]) == ("log", "ERROR", "jobtrace.export")
+    assert "could not be encoded" in ev["msg"] and ev["rank"] == 3
