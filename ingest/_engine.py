@@ -32,6 +32,7 @@ from shippers import Sink
 
 from ._align import ClockOffset, estimate_offsets
 from ._match import Matcher, make_matcher
+from ._plain import PlainLines, frac_ns, level_bytes, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, split_prefix
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
@@ -63,6 +64,8 @@ class IngestConfig:
         rank_from_filename: regex with groups ``rank``/``node``/``local_rank`` (or one group = rank).
         node, rank, world_size: force identity when the logs do not say.
         use_hyperscan: ``None`` = when installed.
+        plain_fast_path: write strict plain log lines straight from bytes (see :mod:`._plain`); off only to
+            compare with the general path.
     """
 
     job: str
@@ -82,6 +85,7 @@ class IngestConfig:
     pending_cap: int = 10_000
     batch_lines: int = 4096
     use_hyperscan: bool | None = None
+    plain_fast_path: bool = True
 
 
 @dataclass
@@ -152,7 +156,7 @@ class _Stream:
 
 class _Src:
     __slots__ = ("source", "fid", "ident", "mode", "streams", "carry", "discard", "order", "fh", "mtime_ns",
-                 "done", "default_day")
+                 "done", "default_day", "by_label")
 
     def __init__(self, source: Source, fid: int, ident: FileIdentity) -> None:
         self.source = source
@@ -167,6 +171,7 @@ class _Src:
         self.mtime_ns = source.mtime_ns()
         self.done = False
         self.default_day: int | None = (self.mtime_ns // 86_400_000_000_000) if self.mtime_ns else None
+        self.by_label: dict[bytes, _Stream] = {}  # srun label as written (b"" without prefix) → its stream
 
 
 ProgressFn = Callable[[int, int, int, int], None]
@@ -191,6 +196,7 @@ class Ingestor:
         self._parsers: list[Parser] = self._registry.parsers() or builtin_registry().parsers()
         self._progress = progress
         self._tz: TzSpec = parse_tz(config.tz)
+        self._plain = PlainLines(self._tz)
         for p in self._parsers:
             if hasattr(p, "tz"):
                 p.tz = self._tz  # type: ignore[attr-defined]
@@ -551,8 +557,15 @@ class Ingestor:
         n_log = 0
         levels = _LEVEL_BYTES
         dumps = _DUMPS
+        plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
         for raw, ids in it:
             n_lines += 1
+            if plain is not None and ids is not None and not ids:  # no trigger in it, as far as the chunk scan saw
+                m = plain.match(raw)
+                if m is not None and self._plain_line(src, m, raw):
+                    n_parsed += 1
+                    n_log += 1
+                    continue
             if not raw or raw.isspace():
                 stream = streams.get(None)
                 if stream is not None and stream.block is not None and self._feed_block(stream, ""):
@@ -633,6 +646,40 @@ class Ingestor:
         summary.lines += n_lines
         summary.parsed += n_parsed
         self._n_log += n_log
+
+    def _plain_line(self, src: _Src, m: re.Match[bytes], raw: bytes) -> bool:
+        """Write a strict plain log line (:mod:`._plain`) exactly as the general path would.
+
+        False when that path has to see it after all: the stream is new, in a multi-line
+        block or holding lines that wait for a timestamp, or the line is not clean text.
+        """
+        label, date, tod, frac, level, logger = m.groups()
+        stream = src.by_label.get(label)
+        if stream is None:
+            stream = src.streams.get(Prefix(None, int(label), None, None) if label else None)
+            if stream is None:
+                return False
+            src.by_label[label] = stream
+        if stream.block is not None or stream.pending:
+            return False
+        body = raw[m.end():]
+        if len(body) > self.cfg.max_msg_chars:  # bytes ≥ characters: the general path truncates and counts
+            return False
+        stamp = self._plain.stamp(date, tod)
+        msg = msg_json(body)
+        if stamp is None or msg is None:
+            return False
+        base, day = stamp
+        ts = base + frac_ns(frac)
+        stream.head.note_iso(day)
+        stream.last_ts = ts
+        out = stream.out
+        if out is None:
+            st = stream.state
+            out = stream.out = self._out(st.node, st.rank, st.local_rank)
+        out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":"%b","msg":%b}\n'
+                       % (ts + stream.offset, out.head, level_bytes(level), logger, msg))
+        return True
 
     def _parse(self, stream: _Stream, line: Line, ids: frozenset[int]) -> bool:
         """Run the triggered parsers in order; True when one of them took the line."""
