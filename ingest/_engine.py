@@ -32,11 +32,11 @@ from shippers import Sink
 
 from ._align import ClockOffset, estimate_offsets
 from ._match import Matcher, make_matcher
-from ._plain import PlainLines, frac_ns, level_bytes, msg_json
+from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, split_prefix
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
-from ._timestamps import HeadParser, TzSpec, parse_tz
+from ._timestamps import Head, HeadParser, TzSpec, parse_tz
 from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
 
 __all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
@@ -499,11 +499,20 @@ class Ingestor:
             lines = _hit_lines(block, hits)
         else:
             lines = ((raw, None) for raw in block.split(b"\n"))
+        plain = self._plain.pattern(src.mode) if self.cfg.plain_fast_path else None
         for raw, ids in lines:
             if not raw or b"\x00" in raw:
                 continue
-            text = raw.decode("utf-8", "replace")
-            pfx, text = split_prefix(text, src.mode) if (src.mode != PrefixMode.NONE or text[:1] == "[") else (None, text)
+            m = plain.match(raw) if plain is not None else None
+            stamp = self._plain.stamp(m.group(2), m.group(3)) if m is not None else None
+            if m is not None and stamp is not None:  # a strict line: prefix and head read at once (see _plain)
+                label = m.group(1)
+                pfx = Prefix(None, int(label), None, None) if label else None
+                text = raw[m.start(2):].decode("utf-8", "replace")
+            else:
+                text = raw.decode("utf-8", "replace")
+                pfx, text = (split_prefix(text, src.mode) if (src.mode != PrefixMode.NONE or text[:1] == "[")
+                             else (None, text))
             if ids is None:
                 ids = self._sync_matcher.line(text)
                 if not ids:
@@ -517,10 +526,16 @@ class Ingestor:
                                         HeadParser(self._tz, src.default_day, self.cfg.year),
                                         node if node != _UNKNOWN_NODE else key)
             state, headp, domain = entry
-            head = headp.parse(text)
-            if head is None or head.ts is None:
-                continue
-            body = text[head.body_at:]
+            if m is not None and stamp is not None:
+                headp.note_iso(stamp[1])
+                ts = stamp[0] + frac_ns(m.group(4))
+                body = text[m.end() - m.start(2):]
+            else:
+                head = headp.parse(text)
+                if head is None or head.ts is None:
+                    continue
+                ts = head.ts
+                body = text[head.body_at:]
             for i in sorted(ids):
                 if i not in self._sync_ids:
                     continue
@@ -530,7 +545,7 @@ class Ingestor:
                 except Exception:  # noqa: BLE001 - counted in the main pass
                     continue
                 if step is not None:
-                    points.setdefault(domain, {}).setdefault(("step", step), []).append(head.ts)
+                    points.setdefault(domain, {}).setdefault(("step", step), []).append(ts)
                     break
 
     # ---- the main pass ----------------------------------------------------------------
@@ -562,50 +577,59 @@ class Ingestor:
         plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
         for raw, ids in it:
             n_lines += 1
-            if plain is not None and ids is not None and not ids:  # no trigger in it, as far as the chunk scan saw
-                m = plain.match(raw)
-                if m is not None and self._plain_line(src, m, raw):
+            m = plain.match(raw) if plain is not None else None
+            strict = None
+            if m is not None:
+                # no trigger in it (as far as the chunk scan saw): written straight away
+                if ids is not None and not ids and self._plain_line(src, m, raw):
                     n_parsed += 1
                     n_log += 1
                     continue
-            if not raw or raw.isspace():
+                strict = self._strict_head(src, m, raw)
+            if strict is not None:  # prefix and head already read: the rest as below
+                stream, text, head, day = strict
+            elif not raw or raw.isspace():
                 stream = streams.get(None)
                 if stream is not None and stream.block is not None and self._feed_block(stream, ""):
                     n_parsed += 1
                     continue
                 skipped["blank line"] = skipped.get("blank line", 0) + 1
                 continue
-            if b"\x00" in raw:
-                skipped["not text (binary data)"] = skipped.get("not text (binary data)", 0) + 1
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("utf-8", "replace")
-                if text.count("\ufffd") * 4 > len(text):
-                    skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
-                    continue
-            if mode != "none" or text[0] == "[":
-                pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
-                if not text or text.isspace():
-                    stream = streams.get(pfx)
-                    if stream is not None and stream.block is not None and self._feed_block(stream, ""):
-                        n_parsed += 1
-                        continue
-                    skipped["blank line"] = skipped.get("blank line", 0) + 1
-                    continue
             else:
-                pfx = None
-            stream = streams.get(pfx)
-            if stream is None:
-                stream = self._stream(src, pfx)
+                if b"\x00" in raw:
+                    skipped["not text (binary data)"] = skipped.get("not text (binary data)", 0) + 1
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = raw.decode("utf-8", "replace")
+                    if text.count("\ufffd") * 4 > len(text):
+                        skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
+                        continue
+                if mode != "none" or text[0] == "[":
+                    pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
+                    if not text or text.isspace():
+                        stream = streams.get(pfx)
+                        if stream is not None and stream.block is not None and self._feed_block(stream, ""):
+                            n_parsed += 1
+                            continue
+                        skipped["blank line"] = skipped.get("blank line", 0) + 1
+                        continue
+                else:
+                    pfx = None
+                stream = streams.get(pfx)
+                if stream is None:
+                    stream = self._stream(src, pfx)
             if stream.block is not None:
                 if self._feed_block(stream, text):
                     n_parsed += 1
                     continue
             if ids is None:
                 ids = matcher.line(text)
-            head = stream.head.parse(text)
+            if strict is None:
+                head = stream.head.parse(text)
+            else:
+                stream.head.note_iso(day)
             if head is not None:
                 ts = head.ts
                 body = text[head.body_at:]
@@ -649,6 +673,35 @@ class Ingestor:
         summary.parsed += n_parsed
         self._n_log += n_log
 
+    @staticmethod
+    def _label_stream(src: _Src, label: bytes) -> _Stream | None:
+        """The stream of a strict line's ``srun`` label (``b""``: no prefix); None while it has none yet."""
+        stream = src.by_label.get(label)
+        if stream is None:
+            stream = src.streams.get(Prefix(None, int(label), None, None) if label else None)
+            if stream is not None:
+                src.by_label[label] = stream
+        return stream
+
+    def _strict_head(self, src: _Src, m: re.Match[bytes], raw: bytes) -> tuple[_Stream, str, Head, int] | None:
+        """Stream, text after the prefix, head and epoch day of a strict line (:mod:`._plain`) that the general
+        path must still see (a trigger hit it, or its stream is busy), read without ``split_prefix`` and the
+        head layouts; None: read it the general way (new stream, bad bytes, bad date)."""
+        stream = self._label_stream(src, m.group(1))
+        if stream is None or b"\x00" in raw:
+            return None
+        stamp = self._plain.stamp(m.group(2), m.group(3))
+        if stamp is None:
+            return None
+        at = m.start(2)
+        try:
+            text = raw[at:].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        base, day = stamp
+        head = Head(base + frac_ns(m.group(4)), level_name(m.group(5)), m.group(6).decode("ascii"), m.end() - at)
+        return stream, text, head, day
+
     def _plain_line(self, src: _Src, m: re.Match[bytes], raw: bytes) -> bool:
         """Write a strict plain log line (:mod:`._plain`) exactly as the general path would.
 
@@ -656,13 +709,8 @@ class Ingestor:
         block or holding lines that wait for a timestamp, or the line is not clean text.
         """
         label, date, tod, frac, level, logger = m.groups()
-        stream = src.by_label.get(label)
-        if stream is None:
-            stream = src.streams.get(Prefix(None, int(label), None, None) if label else None)
-            if stream is None:
-                return False
-            src.by_label[label] = stream
-        if stream.block is not None or stream.pending:
+        stream = self._label_stream(src, label)
+        if stream is None or stream.block is not None or stream.pending:
             return False
         body = raw[m.end():]
         if len(body) > self.cfg.max_msg_chars:  # bytes ≥ characters: the general path truncates and counts

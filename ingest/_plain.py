@@ -55,7 +55,8 @@ _MODES: Final[dict[str, Pattern[bytes]]] = {
 # Text whose JSON string is the text itself: printable ASCII but ``"`` and ``\``.
 _VERBATIM: Final = re.compile(rb'[ !#-\[\]-~]*')
 _FRAC_SCALE: Final = (0, 100_000_000, 10_000_000, 1_000_000, 100_000, 10_000, 1_000, 100, 10, 1)
-_LEVEL_BYTES: Final = {k.encode(): v.encode() for k, v in LEVELS.items() if len(k) > 1}
+_LEVEL_NAMES: Final = {k.encode(): v for k, v in LEVELS.items() if len(k) > 1}
+_LEVEL_BYTES: Final = {k: v.encode() for k, v in _LEVEL_NAMES.items()}
 _STAMP_CACHE_MAX: Final = 4096
 
 
@@ -107,6 +108,11 @@ def frac_ns(frac: bytes) -> int:
 def level_bytes(level: bytes) -> bytes:
     """The canonical level of a strict head's level word (``WARN`` → ``WARNING``)."""
     return _LEVEL_BYTES[level]
+
+
+def level_name(level: bytes) -> str:
+    """The canonical level of a strict head's level word, as :class:`._timestamps.Head` carries it."""
+    return _LEVEL_NAMES[level]
 
 
 def msg_json(body: bytes) -> bytes | None:
