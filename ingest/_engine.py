@@ -33,7 +33,7 @@ from shippers import Sink
 from ._align import ClockOffset, estimate_offsets
 from ._match import Matcher, make_matcher
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
-from ._prefix import Prefix, PrefixMode, detect_mode, split_prefix
+from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
 from ._timestamps import Head, HeadParser, TzSpec, parse_tz
@@ -507,7 +507,7 @@ class Ingestor:
             stamp = self._plain.stamp(m.group(2), m.group(3)) if m is not None else None
             if m is not None and stamp is not None:  # a strict line: prefix and head read at once (see _plain)
                 label = m.group(1)
-                pfx = Prefix(None, int(label), None, None) if label else None
+                pfx = make_prefix(None, int(label), None, None) if label else None
                 text = raw[m.start(2):].decode("utf-8", "replace")
             else:
                 text = raw.decode("utf-8", "replace")
@@ -678,7 +678,7 @@ class Ingestor:
         """The stream of a strict line's ``srun`` label (``b""``: no prefix); None while it has none yet."""
         stream = src.by_label.get(label)
         if stream is None:
-            stream = src.streams.get(Prefix(None, int(label), None, None) if label else None)
+            stream = src.streams.get(make_prefix(None, int(label), None, None) if label else None)
             if stream is not None:
                 src.by_label[label] = stream
         return stream
@@ -734,7 +734,7 @@ class Ingestor:
     def _parse(self, stream: _Stream, line: Line, ids: frozenset[int]) -> bool:
         """Run the triggered parsers in order; True when one of them took the line."""
         by = self.summary.lines_by_parser
-        for i in sorted(ids):
+        for i in (ids if len(ids) == 1 else sorted(ids)):
             parser = self._parsers[i]
             try:
                 res = parser.parse(line)
@@ -752,7 +752,7 @@ class Ingestor:
                 return True
             if isinstance(res, list):
                 by[name] = by.get(name, 0) + 1
-                if not any(ev.get("kind") == "log" for ev in res):
+                if not _has_log(res):
                     base: dict[str, Any] = {"kind": "log", "level": line.level or "INFO",
                                             "msg": line.text[: self.cfg.max_msg_chars]}
                     if line.logger:
@@ -911,37 +911,66 @@ class Ingestor:
 _EMPTY: Final = frozenset[int]()
 
 
+def _has_log(events: list[dict[str, Any]]) -> bool:
+    """Whether a parser kept the line itself as a ``log`` event (a plain loop: cheaper than ``any`` on a generator)."""
+    for ev in events:
+        if ev.get("kind") == "log":
+            return True
+    return False
+
+
 def _hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = False
                ) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones)."""
+    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones).
+
+    A hit belongs to the line whose end (its newline, or the end of the block) is the
+    first at or after the hit's end offset. All lines come as a ``zip`` of the split
+    block and a list of id sets (empty for most), so that the per-line loop pays no
+    generator step.
+    """
     if not all_lines:
-        i, nh = 0, len(hits)
-        while i < nh:
-            end = hits[i][0]
-            start = block.rfind(b"\n", 0, end) + 1
-            stop = block.find(b"\n", end)
-            if stop < 0:
-                stop = len(block)
-            ids: set[int] = set()
-            while i < nh and hits[i][0] <= stop:
-                ids.add(hits[i][1])
-                i += 1
-            yield block[start:stop], frozenset(ids)
-        return
-    pos = 0
-    hi = 0
-    nh = len(hits)
-    for raw in block.split(b"\n"):
-        end = pos + len(raw)
-        if hi < nh and hits[hi][0] <= end:
-            ids = set()
-            while hi < nh and hits[hi][0] <= end:
-                ids.add(hits[hi][1])
-                hi += 1
-            yield raw, frozenset(ids)
-        else:
-            yield raw, _EMPTY
-        pos = end + 1
+        return _only_hit_lines(block, hits)
+    lines = block.split(b"\n")
+    ids: list[frozenset[int] | None] = [_EMPTY] * len(lines)
+    for index, found in _ids_by_line(block, hits):
+        ids[index] = found
+    return zip(lines, ids)
+
+
+def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
+    """``(line index, parser ids)`` of the lines that hits end in, in order."""
+    i, nh = 0, len(hits)
+    index = 0
+    pos = 0  # where the line numbered ``index`` starts
+    while i < nh:
+        end = hits[i][0]
+        start = block.rfind(b"\n", 0, end) + 1  # the line that holds offset ``end``
+        if start > pos:
+            index += block.count(b"\n", pos, start)
+            pos = start
+        stop = block.find(b"\n", end)
+        if stop < 0:
+            stop = len(block)
+        found: set[int] = set()
+        while i < nh and hits[i][0] <= stop:
+            found.add(hits[i][1])
+            i += 1
+        yield index, frozenset(found)
+
+
+def _only_hit_lines(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[bytes, frozenset[int] | None]]:
+    i, nh = 0, len(hits)
+    while i < nh:
+        end = hits[i][0]
+        start = block.rfind(b"\n", 0, end) + 1
+        stop = block.find(b"\n", end)
+        if stop < 0:
+            stop = len(block)
+        ids: set[int] = set()
+        while i < nh and hits[i][0] <= stop:
+            ids.add(hits[i][1])
+            i += 1
+        yield block[start:stop], frozenset(ids)
 
 
 _DEFAULT: ParserRegistry | None = None
