@@ -27,7 +27,8 @@ every line still has to come back to Python to be routed to its stream in order.
 from __future__ import annotations
 
 import re
-from typing import Final, Pattern
+from re import Pattern
+from typing import Final
 
 import orjson
 
@@ -67,7 +68,7 @@ class PlainLines:
     the ``srun`` label (``b""`` without a prefix) and the message starts at ``m.end()``.
     """
 
-    __slots__ = ("tz", "_stamps")
+    __slots__ = ("_stamps", "tz")
 
     def __init__(self, tz: TzSpec) -> None:
         self.tz = tz
