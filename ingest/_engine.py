@@ -129,7 +129,7 @@ class IngestSummary:
 class _Out:
     """One output stream: a (node, rank) and its sink, with pre-encoded identity."""
 
-    __slots__ = ("node", "rank", "sink", "buf", "head", "ident")
+    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident")
 
     def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink) -> None:
         self.node, self.rank, self.sink = node, rank, sink
@@ -137,6 +137,7 @@ class _Out:
         self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
                       "node": node, "pid": 0, "v": SCHEMA_VERSION}
         self.head = _DUMPS(self.ident)[1:-1]  # '"job":...,"v":1' to splice into templates
+        self.open = b"{%b," % self.head  # an encoded event after its own "{" completes the line
 
 
 class _Stream:
@@ -893,7 +894,7 @@ class Ingestor:
         except TypeError:
             body = _DUMPS({k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
                            for k, v in ev.items()}, option=_NL)
-        out.buf.append(b"{%b,%b" % (out.head, body[1:]))
+        out.buf.append(out.open + body[1:])
         self._events[kind] = self._events.get(kind, 0) + 1
 
     def _flush_outs(self) -> None:
