@@ -4,7 +4,10 @@ Constraints that shape it:
 
 * Throughput: a line that no parser wants (most lines of a real log) costs one
   anchored regex for its head and one pre-encoded ``bytes`` template for its log
-  event; parser triggers are matched for a whole chunk at once (see :mod:`._match`).
+  event; in the strict Python ``logging`` form it is written straight from bytes
+  (see :mod:`._plain`). Parser triggers are matched for a whole chunk at once (see
+  :mod:`._match`). Where time still goes: parsers and their events (a step line
+  gives eight), one Python dict and one ``orjson`` call per event.
 * Memory is bounded whatever the input size: input is read in chunks, a line is cut at
   ``max_line_bytes``, output is written in batches, a multi-line block stops at a
   fixed size, and lines waiting for a timestamp are released after ``pending_cap``.
@@ -32,10 +35,11 @@ from shippers import Sink
 
 from ._align import ClockOffset, estimate_offsets
 from ._match import Matcher, make_matcher
-from ._prefix import Prefix, PrefixMode, detect_mode, split_prefix
+from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
+from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
-from ._timestamps import HeadParser, TzSpec, parse_tz
+from ._timestamps import Head, HeadParser, TzSpec, parse_tz
 from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
 
 __all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
@@ -47,6 +51,8 @@ _LEVEL_BYTES: Final = {None: b"INFO", "INFO": b"INFO", "WARNING": b"WARNING", "E
 _INTERNAL: Final = ("sync", "route_rank", "route_node", "dt", "start_dt")
 _UNKNOWN_NODE: Final = "unknown"
 _IDENT_KEYS: Final = ("job", "trace_id", "rank", "local_rank", "world", "node", "pid", "v")
+_INTERNAL_KEYS: Final = frozenset(_INTERNAL)
+_IDENT_SET: Final = frozenset(_IDENT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,8 @@ class IngestConfig:
         rank_from_filename: regex with groups ``rank``/``node``/``local_rank`` (or one group = rank).
         node, rank, world_size: force identity when the logs do not say.
         use_hyperscan: ``None`` = when installed.
+        plain_fast_path: write strict plain log lines straight from bytes (see :mod:`._plain`); off only to
+            compare with the general path.
     """
 
     job: str
@@ -82,6 +90,7 @@ class IngestConfig:
     pending_cap: int = 10_000
     batch_lines: int = 4096
     use_hyperscan: bool | None = None
+    plain_fast_path: bool = True
 
 
 @dataclass
@@ -120,7 +129,7 @@ class IngestSummary:
 class _Out:
     """One output stream: a (node, rank) and its sink, with pre-encoded identity."""
 
-    __slots__ = ("node", "rank", "sink", "buf", "head", "ident")
+    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident")
 
     def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink) -> None:
         self.node, self.rank, self.sink = node, rank, sink
@@ -128,6 +137,7 @@ class _Out:
         self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
                       "node": node, "pid": 0, "v": SCHEMA_VERSION}
         self.head = _DUMPS(self.ident)[1:-1]  # '"job":...,"v":1' to splice into templates
+        self.open = b"{%b," % self.head  # an encoded event after its own "{" completes the line
 
 
 class _Stream:
@@ -152,7 +162,7 @@ class _Stream:
 
 class _Src:
     __slots__ = ("source", "fid", "ident", "mode", "streams", "carry", "discard", "order", "fh", "mtime_ns",
-                 "done", "default_day")
+                 "done", "default_day", "by_label")
 
     def __init__(self, source: Source, fid: int, ident: FileIdentity) -> None:
         self.source = source
@@ -167,6 +177,7 @@ class _Src:
         self.mtime_ns = source.mtime_ns()
         self.done = False
         self.default_day: int | None = (self.mtime_ns // 86_400_000_000_000) if self.mtime_ns else None
+        self.by_label: dict[bytes, _Stream] = {}  # srun label as written (b"" without prefix) → its stream
 
 
 ProgressFn = Callable[[int, int, int, int], None]
@@ -191,6 +202,7 @@ class Ingestor:
         self._parsers: list[Parser] = self._registry.parsers() or builtin_registry().parsers()
         self._progress = progress
         self._tz: TzSpec = parse_tz(config.tz)
+        self._plain = PlainLines(self._tz)
         for p in self._parsers:
             if hasattr(p, "tz"):
                 p.tz = self._tz  # type: ignore[attr-defined]
@@ -491,11 +503,20 @@ class Ingestor:
             lines = _hit_lines(block, hits)
         else:
             lines = ((raw, None) for raw in block.split(b"\n"))
+        plain = self._plain.pattern(src.mode) if self.cfg.plain_fast_path else None
         for raw, ids in lines:
             if not raw or b"\x00" in raw:
                 continue
-            text = raw.decode("utf-8", "replace")
-            pfx, text = split_prefix(text, src.mode) if (src.mode != PrefixMode.NONE or text[:1] == "[") else (None, text)
+            m = plain.match(raw) if plain is not None else None
+            stamp = self._plain.stamp(m.group(2), m.group(3)) if m is not None else None
+            if m is not None and stamp is not None:  # a strict line: prefix and head read at once (see _plain)
+                label = m.group(1)
+                pfx = make_prefix(None, int(label), None, None) if label else None
+                text = raw[m.start(2):].decode("utf-8", "replace")
+            else:
+                text = raw.decode("utf-8", "replace")
+                pfx, text = (split_prefix(text, src.mode) if (src.mode != PrefixMode.NONE or text[:1] == "[")
+                             else (None, text))
             if ids is None:
                 ids = self._sync_matcher.line(text)
                 if not ids:
@@ -509,10 +530,16 @@ class Ingestor:
                                         HeadParser(self._tz, src.default_day, self.cfg.year),
                                         node if node != _UNKNOWN_NODE else key)
             state, headp, domain = entry
-            head = headp.parse(text)
-            if head is None or head.ts is None:
-                continue
-            body = text[head.body_at:]
+            if m is not None and stamp is not None:
+                headp.note_iso(stamp[1])
+                ts = stamp[0] + frac_ns(m.group(4))
+                body = text[m.end() - m.start(2):]
+            else:
+                head = headp.parse(text)
+                if head is None or head.ts is None:
+                    continue
+                ts = head.ts
+                body = text[head.body_at:]
             for i in sorted(ids):
                 if i not in self._sync_ids:
                     continue
@@ -522,7 +549,7 @@ class Ingestor:
                 except Exception:  # noqa: BLE001 - counted in the main pass
                     continue
                 if step is not None:
-                    points.setdefault(domain, {}).setdefault(("step", step), []).append(head.ts)
+                    points.setdefault(domain, {}).setdefault(("step", step), []).append(ts)
                     break
 
     # ---- the main pass ----------------------------------------------------------------
@@ -551,46 +578,64 @@ class Ingestor:
         n_log = 0
         levels = _LEVEL_BYTES
         dumps = _DUMPS
+        plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
+        stream: _Stream | None
+        head: Head | None
         for raw, ids in it:
             n_lines += 1
-            if not raw or raw.isspace():
+            m = plain.match(raw) if plain is not None else None
+            strict = None
+            if m is not None:
+                # no trigger in it (as far as the chunk scan saw): written straight away
+                if ids is not None and not ids and self._plain_line(src, m, raw):
+                    n_parsed += 1
+                    n_log += 1
+                    continue
+                strict = self._strict_head(src, m, raw)
+            if strict is not None:  # prefix and head already read: the rest as below
+                stream, text, head, day = strict
+            elif not raw or raw.isspace():
                 stream = streams.get(None)
                 if stream is not None and stream.block is not None and self._feed_block(stream, ""):
                     n_parsed += 1
                     continue
                 skipped["blank line"] = skipped.get("blank line", 0) + 1
                 continue
-            if b"\x00" in raw:
-                skipped["not text (binary data)"] = skipped.get("not text (binary data)", 0) + 1
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("utf-8", "replace")
-                if text.count("\ufffd") * 4 > len(text):
-                    skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
-                    continue
-            if mode != "none" or text[0] == "[":
-                pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
-                if not text or text.isspace():
-                    stream = streams.get(pfx)
-                    if stream is not None and stream.block is not None and self._feed_block(stream, ""):
-                        n_parsed += 1
-                        continue
-                    skipped["blank line"] = skipped.get("blank line", 0) + 1
-                    continue
             else:
-                pfx = None
-            stream = streams.get(pfx)
-            if stream is None:
-                stream = self._stream(src, pfx)
+                if b"\x00" in raw:
+                    skipped["not text (binary data)"] = skipped.get("not text (binary data)", 0) + 1
+                    continue
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = raw.decode("utf-8", "replace")
+                    if text.count("\ufffd") * 4 > len(text):
+                        skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
+                        continue
+                if mode != "none" or text[0] == "[":
+                    pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
+                    if not text or text.isspace():
+                        stream = streams.get(pfx)
+                        if stream is not None and stream.block is not None and self._feed_block(stream, ""):
+                            n_parsed += 1
+                            continue
+                        skipped["blank line"] = skipped.get("blank line", 0) + 1
+                        continue
+                else:
+                    pfx = None
+                stream = streams.get(pfx)
+                if stream is None:
+                    stream = self._stream(src, pfx)
             if stream.block is not None:
                 if self._feed_block(stream, text):
                     n_parsed += 1
                     continue
             if ids is None:
                 ids = matcher.line(text)
-            head = stream.head.parse(text)
+            if strict is None:
+                head = stream.head.parse(text)
+            else:
+                stream.head.note_iso(day)
             if head is not None:
                 ts = head.ts
                 body = text[head.body_at:]
@@ -634,10 +679,68 @@ class Ingestor:
         summary.parsed += n_parsed
         self._n_log += n_log
 
+    @staticmethod
+    def _label_stream(src: _Src, label: bytes) -> _Stream | None:
+        """The stream of a strict line's ``srun`` label (``b""``: no prefix); None while it has none yet."""
+        stream = src.by_label.get(label)
+        if stream is None:
+            stream = src.streams.get(make_prefix(None, int(label), None, None) if label else None)
+            if stream is not None:
+                src.by_label[label] = stream
+        return stream
+
+    def _strict_head(self, src: _Src, m: re.Match[bytes], raw: bytes) -> tuple[_Stream, str, Head, int] | None:
+        """Stream, text after the prefix, head and epoch day of a strict line (:mod:`._plain`) that the general
+        path must still see (a trigger hit it, or its stream is busy), read without ``split_prefix`` and the
+        head layouts; None: read it the general way (new stream, bad bytes, bad date)."""
+        stream = self._label_stream(src, m.group(1))
+        if stream is None or b"\x00" in raw:
+            return None
+        stamp = self._plain.stamp(m.group(2), m.group(3))
+        if stamp is None:
+            return None
+        at = m.start(2)
+        try:
+            text = raw[at:].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        base, day = stamp
+        head = Head(base + frac_ns(m.group(4)), level_name(m.group(5)), m.group(6).decode("ascii"), m.end() - at)
+        return stream, text, head, day
+
+    def _plain_line(self, src: _Src, m: re.Match[bytes], raw: bytes) -> bool:
+        """Write a strict plain log line (:mod:`._plain`) exactly as the general path would.
+
+        False when that path has to see it after all: the stream is new, in a multi-line
+        block or holding lines that wait for a timestamp, or the line is not clean text.
+        """
+        label, date, tod, frac, level, logger = m.groups()
+        stream = self._label_stream(src, label)
+        if stream is None or stream.block is not None or stream.pending:
+            return False
+        body = raw[m.end():]
+        if len(body) > self.cfg.max_msg_chars:  # bytes ≥ characters: the general path truncates and counts
+            return False
+        stamp = self._plain.stamp(date, tod)
+        msg = msg_json(body)
+        if stamp is None or msg is None:
+            return False
+        base, day = stamp
+        ts = base + frac_ns(frac)
+        stream.head.note_iso(day)
+        stream.last_ts = ts
+        out = stream.out
+        if out is None:
+            st = stream.state
+            out = stream.out = self._out(st.node, st.rank, st.local_rank)
+        out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":"%b","msg":%b}\n'
+                       % (ts + stream.offset, out.head, level_bytes(level), logger, msg))
+        return True
+
     def _parse(self, stream: _Stream, line: Line, ids: frozenset[int]) -> bool:
         """Run the triggered parsers in order; True when one of them took the line."""
         by = self.summary.lines_by_parser
-        for i in sorted(ids):
+        for i in (ids if len(ids) == 1 else sorted(ids)):
             parser = self._parsers[i]
             try:
                 res = parser.parse(line)
@@ -655,7 +758,7 @@ class Ingestor:
                 return True
             if isinstance(res, list):
                 by[name] = by.get(name, 0) + 1
-                if not any(ev.get("kind") == "log" for ev in res):
+                if not _has_log(res):
                     base: dict[str, Any] = {"kind": "log", "level": line.level or "INFO",
                                             "msg": line.text[: self.cfg.max_msg_chars]}
                     if line.logger:
@@ -743,11 +846,19 @@ class Ingestor:
 
     def _write(self, stream: _Stream, ev: dict[str, Any], line_ts: int, est: bool) -> None:
         st = stream.state
-        rank = ev.pop("route_rank", None)
-        node = ev.pop("route_node", None)
-        sync = ev.pop("sync", False)
-        dt = ev.pop("dt", 0)
-        start_dt = ev.pop("start_dt", None)
+        if _INTERNAL_KEYS.isdisjoint(ev):  # most events: nothing to take out (one look-up instead of five)
+            rank = node = start_dt = None
+            sync = False
+            dt = 0
+        else:
+            rank = ev.pop("route_rank", None)
+            node = ev.pop("route_node", None)
+            sync = ev.pop("sync", False)
+            dt = ev.pop("dt", 0)
+            start_dt = ev.pop("start_dt", None)
+        if not _IDENT_SET.isdisjoint(ev):
+            for k in _IDENT_KEYS:  # identity comes from the output stream; parsers cannot override it
+                ev.pop(k, None)
         off = stream.offset
         ts = ev.get("ts")
         if ts is None:
@@ -778,14 +889,12 @@ class Ingestor:
             out = self._out(node, rank, rank)
         if sync and self._sync is not None and not est and ev.get("step") is not None and rank is None:
             self._sync.setdefault(stream.domain, {}).setdefault(("step", ev["step"]), []).append(ev["ts"])
-        for k in _IDENT_KEYS:  # identity comes from the output stream; parsers cannot override it
-            ev.pop(k, None)
         try:
             body = _DUMPS(ev, option=_NL)
         except TypeError:
             body = _DUMPS({k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
                            for k, v in ev.items()}, option=_NL)
-        out.buf.append(b"{%b,%b" % (out.head, body[1:]))
+        out.buf.append(out.open + body[1:])
         self._events[kind] = self._events.get(kind, 0) + 1
 
     def _flush_outs(self) -> None:
@@ -808,37 +917,66 @@ class Ingestor:
 _EMPTY: Final = frozenset[int]()
 
 
+def _has_log(events: list[dict[str, Any]]) -> bool:
+    """Whether a parser kept the line itself as a ``log`` event (a plain loop: cheaper than ``any`` on a generator)."""
+    for ev in events:
+        if ev.get("kind") == "log":
+            return True
+    return False
+
+
 def _hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = False
                ) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones)."""
+    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones).
+
+    A hit belongs to the line whose end (its newline, or the end of the block) is the
+    first at or after the hit's end offset. All lines come as a ``zip`` of the split
+    block and a list of id sets (empty for most), so that the per-line loop pays no
+    generator step.
+    """
     if not all_lines:
-        i, nh = 0, len(hits)
-        while i < nh:
-            end = hits[i][0]
-            start = block.rfind(b"\n", 0, end) + 1
-            stop = block.find(b"\n", end)
-            if stop < 0:
-                stop = len(block)
-            ids: set[int] = set()
-            while i < nh and hits[i][0] <= stop:
-                ids.add(hits[i][1])
-                i += 1
-            yield block[start:stop], frozenset(ids)
-        return
-    pos = 0
-    hi = 0
-    nh = len(hits)
-    for raw in block.split(b"\n"):
-        end = pos + len(raw)
-        if hi < nh and hits[hi][0] <= end:
-            ids = set()
-            while hi < nh and hits[hi][0] <= end:
-                ids.add(hits[hi][1])
-                hi += 1
-            yield raw, frozenset(ids)
-        else:
-            yield raw, _EMPTY
-        pos = end + 1
+        return _only_hit_lines(block, hits)
+    lines = block.split(b"\n")
+    ids: list[frozenset[int] | None] = [_EMPTY] * len(lines)
+    for index, found in _ids_by_line(block, hits):
+        ids[index] = found
+    return zip(lines, ids)
+
+
+def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
+    """``(line index, parser ids)`` of the lines that hits end in, in order."""
+    i, nh = 0, len(hits)
+    index = 0
+    pos = 0  # where the line numbered ``index`` starts
+    while i < nh:
+        end = hits[i][0]
+        start = block.rfind(b"\n", 0, end) + 1  # the line that holds offset ``end``
+        if start > pos:
+            index += block.count(b"\n", pos, start)
+            pos = start
+        stop = block.find(b"\n", end)
+        if stop < 0:
+            stop = len(block)
+        found: set[int] = set()
+        while i < nh and hits[i][0] <= stop:
+            found.add(hits[i][1])
+            i += 1
+        yield index, frozenset(found)
+
+
+def _only_hit_lines(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[bytes, frozenset[int] | None]]:
+    i, nh = 0, len(hits)
+    while i < nh:
+        end = hits[i][0]
+        start = block.rfind(b"\n", 0, end) + 1
+        stop = block.find(b"\n", end)
+        if stop < 0:
+            stop = len(block)
+        ids: set[int] = set()
+        while i < nh and hits[i][0] <= stop:
+            ids.add(hits[i][1])
+            i += 1
+        yield block[start:stop], frozenset(ids)
 
 
 _DEFAULT: ParserRegistry | None = None

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Final, Iterable
 
-__all__ = ["PrefixMode", "Prefix", "detect_mode", "split_prefix"]
+__all__ = ["PrefixMode", "Prefix", "detect_mode", "make_prefix", "split_prefix"]
 
 _SRUN: Final = re.compile(r" *(\d{1,6}): ")
 _PDSH: Final = re.compile(r"([A-Za-z0-9][\w.-]{0,127}): ")
@@ -65,6 +65,22 @@ def detect_mode(sample: Iterable[str], threshold: float = 0.6) -> str:
     return PrefixMode.NONE
 
 
+_INTERNED: dict[tuple[str | None, int | None, int | None, str | None], Prefix] = {}
+_INTERNED_MAX: Final = 65536
+
+
+def make_prefix(host: str | None, rank: int | None, local_rank: int | None, role: str | None) -> Prefix:
+    """One shared :class:`Prefix` per value: a file has a few writers and many lines, and creating a frozen
+    dataclass per line (and comparing it field by field in the stream look-up) costs more than this look-up."""
+    key = (host, rank, local_rank, role)
+    pfx = _INTERNED.get(key)
+    if pfx is None:
+        if len(_INTERNED) >= _INTERNED_MAX:
+            _INTERNED.clear()
+        pfx = _INTERNED[key] = Prefix(host, rank, local_rank, role)
+    return pfx
+
+
 def split_prefix(text: str, mode: str) -> tuple[Prefix | None, str]:
     """The launcher prefix of ``text`` (or ``None``) and the rest of the line."""
     host = None
@@ -86,8 +102,8 @@ def split_prefix(text: str, mode: str) -> tuple[Prefix | None, str]:
             text = text[m2.end():]
             if role.lower() == "rank":
                 rank = n
-                return Prefix(host, rank, None, None), text
-            return Prefix(host, rank, n, role), text
+                return make_prefix(host, rank, None, None), text
+            return make_prefix(host, rank, n, role), text
     if host is None and rank is None:
         return None, text
-    return Prefix(host, rank, None, None), text
+    return make_prefix(host, rank, None, None), text

@@ -255,6 +255,15 @@ class HeadParser:
                     return head
         return None
 
+    def note_iso(self, day: int) -> None:
+        """Remember a line whose ISO head was read elsewhere (the plain-line fast path), as :meth:`parse` would.
+
+        The layout tried first and the date of later time-only lines must not depend on
+        which path read the line.
+        """
+        self._last = ISO_LAYOUT
+        self.last_day = day
+
     def _head(self, layout: _Layout, m: re.Match[str]) -> Head | None:
         if layout.kind == "iso":  # the common case, without building a dict of groups
             date, tod, zone = m.group("date", "time", "zone") if "zone" in layout.rx.groupindex else (

@@ -20,7 +20,7 @@ import re
 from typing import Any, Final
 
 from .._types import Line, PartialEvent
-from ._util import collective_op, layout_spans, metric_value, number, step_span
+from ._util import collective_op, layout_spans, metric_value, step_span
 
 __all__ = ["GenericStepParser"]
 
@@ -60,6 +60,46 @@ def _duration_key(key: str, unit: str | None) -> tuple[str, float] | None:
     return None
 
 
+_METRIC: Final = "metric"
+_STEP_DUR: Final = "step"
+_PHASE: Final = "phase"
+_COLLECTIVE: Final = "collective"
+_DURATION_METRIC: Final = "duration"
+_ROLES: dict[tuple[str, str | None], tuple[str | None, str, float]] = {}
+_ROLES_MAX: Final = 4096
+
+
+def _role(key: str, unit: str | None) -> tuple[str | None, str, float]:
+    """What ``key value[unit]`` of a step line is: ``(role, name, ns per unit)``; role ``None``: nothing.
+
+    A log repeats the same few keys on every step line, so the answer is cached: this
+    runs for every pair of every step line, the most frequent parsed line of a log.
+    """
+    hit = _ROLES.get((key, unit))
+    if hit is not None:
+        return hit
+    res: tuple[str | None, str, float] = (None, "", 0.0)
+    name = _METRICS.get(key.lower())
+    if name is not None and not unit:
+        res = (_METRIC, name, 0.0)
+    else:
+        dkey = _duration_key(key, unit)
+        if dkey is not None:
+            base, scale = dkey
+            if base in _STEP_TIME or base in ("step", "iter", "iteration"):
+                res = (_STEP_DUR, "", scale)
+            elif base in _PHASES:
+                res = (_PHASE, _PHASES[base], scale)
+            elif any(c in base for c in _COLLECTIVES):
+                res = (_COLLECTIVE, collective_op(base), scale)
+            else:
+                res = (_DURATION_METRIC, f"{base}_ms", scale)
+    if len(_ROLES) >= _ROLES_MAX:
+        _ROLES.clear()
+    _ROLES[(key, unit)] = res
+    return res
+
+
 class GenericStepParser:
     name = "generic-step"
     sync_points = True  # its step ends are moments all ranks share (clock alignment)
@@ -78,32 +118,25 @@ class GenericStepParser:
         metrics: dict[str, Any] = {}
         phases: list[tuple[str, str, int, dict[str, Any] | None]] = []
         step_ns: int | None = None
-        for pm in _PAIR.finditer(text, m.end()):
-            key, raw, unit = pm.group("key"), pm.group("val"), pm.group("unit")
-            value = number(raw)
-            if value is None:
-                continue
-            name = _METRICS.get(key.lower())
-            if name is not None and not unit:
+        for key, raw, unit in _PAIR.findall(text, m.end()):
+            value = float(raw)  # the pattern admits only what float() reads (digits, exponent, nan, inf)
+            role, name, scale = _role(key, unit or None)
+            if role == _METRIC:
                 metrics[name] = metric_value(value)
                 continue
-            dkey = _duration_key(key, unit)
-            if dkey is not None:
-                base, scale = dkey
-                ns = int(value * scale) if value == value and abs(value) < 1e12 else None
-                if ns is None or ns < 0:
-                    continue
-                if base in _STEP_TIME or base in ("step", "iter", "iteration"):
-                    step_ns = ns
-                elif base in _PHASES:
-                    phases.append((_PHASES[base], "phase", ns, None))
-                elif any(c in base for c in _COLLECTIVES):
-                    op = collective_op(base)
-                    phases.append((op, "collective", ns, {"op": op, "group": "default", "seq": step,
-                                                          "source": "log"}))
-                else:
-                    metrics[f"{base}_ms"] = round(ns / 1e6, 6)
+            if role is None:
                 continue
+            ns = int(value * scale) if value == value and abs(value) < 1e12 else None
+            if ns is None or ns < 0:
+                continue
+            if role == _STEP_DUR:
+                step_ns = ns
+            elif role == _PHASE:
+                phases.append((name, "phase", ns, None))
+            elif role == _COLLECTIVE:
+                phases.append((name, "collective", ns, {"op": name, "group": "default", "seq": step, "source": "log"}))
+            else:
+                metrics[name] = round(ns / 1e6, 6)
         if not metrics and not phases and step_ns is None:
             return None
         state = line.stream.state(self.name)

@@ -297,13 +297,12 @@ class NcclParser:
         m = _NCCL.search(line.text)
         if not m:
             return None
-        lvl = m.group("lvl")
-        attrs: dict[str, Any] = {"nccl_host": m.group("host"), "nccl_pid": int(m.group("pid")),
-                                 "tid": int(m.group("tid")), "cuda_dev": int(m.group("dev"))}
-        if m.group("file"):
-            attrs["src"] = f"{m.group('file')}:{m.group('line')}"
+        host, pid, tid, dev, file, lineno, lvl, msg = m.group("host", "pid", "tid", "dev", "file", "line", "lvl", "msg")
+        attrs: dict[str, Any] = {"nccl_host": host, "nccl_pid": int(pid), "tid": int(tid), "cuda_dev": int(dev)}
+        if file:
+            attrs["src"] = f"{file}:{lineno}"
         level = "WARNING" if lvl in ("WARN", "ABORT") else ("DEBUG" if lvl in ("TRACE", "CALL") else "INFO")
-        return [{"kind": "log", "level": level, "logger": "nccl", "msg": m.group("msg"), "attrs": attrs}]
+        return [{"kind": "log", "level": level, "logger": "nccl", "msg": msg, "attrs": attrs}]
 
 
 # ---- ProcessGroupNCCL watchdog ------------------------------------------------------

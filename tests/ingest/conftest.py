@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import orjson
 import pytest
 
 from ingest import IngestConfig, Ingestor, MemorySink
+from ingest.parsers import _util
+from tests.ingest.paths import assert_same_as_general
 
 
 class Captured:
@@ -45,8 +48,12 @@ def run_ingest(tmp_path: Path, files: dict[str, list[str] | bytes], **cfg):
         path.write_bytes(content if isinstance(content, bytes) else ("\n".join(content) + "\n").encode())
     cap = Captured()
     cfg.setdefault("job", "test-job")
+    start = next(_util._ids)
+    _util._ids = itertools.count(start)
     summary = Ingestor(IngestConfig(**cfg), cap.factory).run([str(root)])
     assert summary.lines == summary.parsed + summary.skipped_total
+    # every fixture also checks that the fast paths write what the general per-line path writes
+    assert_same_as_general([str(root)], summary, {k: list(s.lines) for k, s in cap.sinks.items()}, start, **cfg)
     return summary, cap
 
 
