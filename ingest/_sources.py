@@ -110,8 +110,16 @@ class Source:
         magic = raw.read(4)
         raw.seek(0)
         if magic[:2] == _GZIP:
+            gz = gzip.GzipFile(fileobj=raw)
+            try:
+                gz.peek(1)
+            except (OSError, EOFError):
+                # Two bytes that only look like gzip (a text log can start with anything):
+                # read the file as it is, so its lines are parsed or counted, not lost.
+                raw.seek(0)
+                return raw
             self.compressed = True
-            return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
+            return gz  # type: ignore[return-value]
         if magic == _ZSTD:
             self.compressed = True
             return _zstd_reader(raw, self.display)

@@ -75,6 +75,7 @@ def _connect() -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     # Large jobs: let DuckDB spill to disk instead of needing the whole job in memory.
     con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")  # a library must not draw on the user's terminal
     limit = os.environ.get("JOBTRACE_MEMORY_LIMIT")
     if limit:
         con.execute(f"SET memory_limit = '{_sql_str(limit)}'")

@@ -79,27 +79,25 @@ class DeepSpeedParser:
                        "avg_samples_per_s": metric_value(number(m.group(4))),
                        "samples_per_s": metric_value(number(m.group(5)))}
             if m.group(6):
-                metrics["mem_allocated_gb"] = float(m.group(6))
-                metrics["max_mem_allocated_gb"] = float(m.group(7))
+                metrics["mem_allocated_gb"] = number(m.group(6))  # [\d.]+ admits "1.2.3": None, not a raise
+                metrics["max_mem_allocated_gb"] = number(m.group(7))
             return [{"kind": "metric", "step": int(m.group(3)), "metrics": {k: v for k, v in metrics.items() if v is not None}}
                     | route]
         m = _OVERFLOW.search(text)
         if m:
-            metrics = {"overflow": 1.0}
-            if m.group(2):
-                metrics["attempted_loss_scale"] = float(m.group(2))
-            if m.group(3):
-                metrics["loss_scale"] = float(m.group(3))
-            if m.group(4):
-                metrics["hysteresis"] = float(m.group(4))
+            metrics: dict[str, Any] = {"overflow": 1.0}
+            for key, group in (("attempted_loss_scale", 2), ("loss_scale", 3), ("hysteresis", 4)):
+                value = number(m.group(group) or "")  # the pattern also admits "-" or "e": not a number
+                if value is not None:
+                    metrics[key] = metric_value(value)
             step = state.get("step")
             ev: dict[str, Any] = {"kind": "metric", "metrics": metrics} | route
             if step is not None:
                 ev["step"] = step
             return [ev, {"kind": "log", "level": "WARNING", "logger": line.logger or "deepspeed", "msg": line.text} | route]
         m = _SCALE.search(text)
-        if m:
-            ev = {"kind": "metric", "metrics": {"loss_scale": float(m.group(3))}} | route
+        if m and number(m.group(3)) is not None:
+            ev = {"kind": "metric", "metrics": {"loss_scale": metric_value(number(m.group(3)))}} | route
             if state.get("step") is not None:
                 ev["step"] = state["step"]
             return [ev]

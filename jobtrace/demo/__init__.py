@@ -124,16 +124,38 @@ def run_job(cfg: DemoConfig) -> int:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the whole job (lets ranks in Python flush), then SIGKILL what is blocked in C++."""
+    """SIGTERM the job (torchrun forwards it, so ranks in Python flush), then SIGKILL what is blocked in C++.
+
+    torchrun starts each rank in a session of its own, so killing torchrun's process
+    group does not reach them: a rank blocked in a collective ignores the forwarded
+    SIGTERM and would outlive torchrun, orphaned. The ranks are found first and
+    killed one by one at the end.
+    """
+    ranks = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
     except ProcessLookupError:
-        return
+        pass
+    for pid in ranks + _descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the ranks and their helpers); empty when psutil is missing."""
+    try:
+        import psutil
+
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # noqa: BLE001 - psutil absent or the job already gone
+        return []

@@ -68,15 +68,27 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _dump_flight_recorder(directory: str, rank: int) -> None:
-    """Write the Flight Recorder buffer every second (a stand-in for dump-on-timeout on CPU)."""
+    """Write the Flight Recorder buffer every second (a stand-in for dump-on-timeout on CPU).
+
+    Dumping stops at the first signal (the job being stopped): a rank blocked in a
+    collective cannot run a Python handler, but CPython writes every signal to the
+    wakeup fd at once. Without that, a dump written during teardown would show the
+    waiting ranks' collective as finished (it fails once the hung rank exits), which is
+    not what a watchdog's dump at the timeout shows.
+    """
+    import select
+    import signal
     import threading
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)  # main thread only: main() calls this
 
     def loop() -> None:
         from torch._C._distributed_c10d import _dump_fr_trace
 
         path = os.path.join(directory, f"fr_trace_rank_{rank}")
-        while True:
-            time.sleep(1.0)
+        while not select.select([read_fd], [], [], 1.0)[0]:
             try:
                 data = _dump_fr_trace()
                 with open(path + ".tmp", "wb") as fh:

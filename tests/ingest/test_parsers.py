@@ -258,3 +258,24 @@ class TestGeneric:
         assert 12_000_000 == coll["dur"] and "all_reduce" == coll["attrs"]["op"]
         assert 0.001 == cap.of("metric", step=2)[0]["metrics"]["lr"]
         assert "__main__" == cap.of("log")[0]["logger"]
+
+
+class TestOddNumbers:
+    """Patterns that admit '-', '.' or '1.2.3' where a number goes: the line is still parsed, never a parser error."""
+
+    def test_deepspeed_overflow_and_scale_lines_with_a_dash_for_a_number(self, ingest_files):
+        summary, cap = ingest_files({"ds.log": [
+            "[2024-03-01 10:00:00,000] [INFO] [loss_scaler.py:183:update_scale] "
+            "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to -",
+            "[2024-03-01 10:00:01,000] [INFO] [loss_scaler.py:190:update_scale] "
+            "Reducing dynamic loss scale from 1 to -",
+        ]})
+        assert summary.parser_errors == {}
+        metrics = [e["metrics"] for e in cap.events if e["kind"] == "metric"]
+        assert metrics == [{"overflow": 1.0, "attempted_loss_scale": 1.0}]
+
+
+def test_a_text_log_that_starts_with_the_gzip_magic_is_read_as_text(ingest_files):
+    summary, cap = ingest_files({"odd.log": b"\x1f\x8bnot gzip at all\nsecond line\n"})
+    assert summary.lines == 2 and summary.errors == []
+    assert [e["msg"] for e in cap.events if e["kind"] == "log"][-1] == "second line"

@@ -8,6 +8,8 @@ healthy runs plus a regressed one for golden-run comparison.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
@@ -30,9 +32,25 @@ def store(tmp_path_factory):
     return tmp_path_factory.mktemp("torch-faults")
 
 
+def surviving_ranks(store, name):
+    """Rank processes of the job still running (their pids are in the store's file names)."""
+    import psutil
+
+    alive = []
+    for path in (store / name).glob("*.jsonl"):
+        pid = int(re.search(r"\.p(\d+)\.jsonl$", path.name).group(1))
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 def run(store, name, **kw):
     cfg = DemoConfig(job_id=name, data_dir=str(store), steps=kw.pop("steps", 16), **kw)
     rc = run_job(cfg)
+    assert surviving_ranks(store, name) == []  # a stopped job leaves no rank behind, even one blocked in C++
     hung = cfg.hang_rank is not None or cfg.mismatch_rank is not None
     stall = cfg.stall_s if hung else 300.0
     return rc, analyze(load_local(store, name), AnalysisConfig(stall_s=stall))
