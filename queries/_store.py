@@ -14,18 +14,21 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Final, Iterable, Mapping
 
 import duckdb
 import orjson
 
 from jobtrace.errors import JobNotFound, QueryError
 from jobtrace.events import COLUMNS
-from ._segments import SEGMENT_RE, json_scan_sql, rollup_paths, segment_for
 from shippers._local import job_dir
+
+from ._segments import SEGMENT_RE, json_scan_sql, rollup_paths, segment_for
 
 __all__ = ["COLUMNS", "JobData", "ReadStats", "load_local", "load_events", "list_local_jobs"]
 
@@ -141,14 +144,17 @@ class _Files:
     def all(self) -> list[str]:
         return sorted(self.lines + self.segments)
 
-    def add_segment(self, seg: Path) -> None:
+    def add_segment(self, seg: Path, rollup_ok: bool) -> None:
         self.segments.append(str(seg))
         rollup = rollup_paths(seg)
-        if all(p.exists() for p in rollup.values()):
+        if rollup_ok and all(p.exists() for p in rollup.values()):
             for table, p in rollup.items():
                 self.rollups.setdefault(table, []).append(str(p))
         else:
             self.unrolled.append(str(seg))
+
+
+_RANK_IN_NAME: Final = re.compile(r"\.r(-?\d+)\.p\d+\.jsonl")
 
 
 def _job_files(directory: Path) -> _Files:
@@ -159,21 +165,28 @@ def _job_files(directory: Path) -> _Files:
     """
     files = _Files()
     jsonl = sorted(directory.glob("*.jsonl"))
-    for path in jsonl:
-        seg = segment_for(path)
-        if seg:
-            files.add_segment(seg)
-        else:
-            files.lines.append(str(path))
     names = {p.name for p in jsonl}
     orphans: dict[str, Path] = {}
     for seg in sorted(_segments(directory)):
         source = SEGMENT_RE.match(seg.name)["source"]  # type: ignore[index]
         if source not in names:
             orphans[source] = seg  # several for one pruned file (it was rewritten): the last one sorted
-    for seg in orphans.values():
-        files.add_segment(seg)
+    # A rank that restarted has a file per life; its per-step rows must be derived over all of them.
+    lives = Counter(m[1] for n in [*names, *orphans] if (m := _RANK_IN_NAME.search(n)))
+    for path in jsonl:
+        seg = segment_for(path)
+        if seg:
+            files.add_segment(seg, _one_life(path.name, lives))
+        else:
+            files.lines.append(str(path))
+    for source, seg in orphans.items():
+        files.add_segment(seg, _one_life(source, lives))
     return files
+
+
+def _one_life(name: str, lives: Counter[str]) -> bool:
+    m = _RANK_IN_NAME.search(name)
+    return m is None or lives[m[1]] == 1
 
 
 def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = True, cache: bool = True) -> JobData:

@@ -97,3 +97,25 @@ def test_the_store_sink_writes_its_segment_on_close_unless_disabled(tmp_path, mo
     assert (segment_for(sink.path) is not None) == expected
     job = load_local(tmp_path, "s", cache=False)
     assert (job.stats.lines, job.stats.events) == (3, 3)
+
+
+def test_a_restarted_rank_is_derived_over_all_its_lives(tmp_path):
+    """Two files for one rank (a restart, new pid): its rollups are not used, its rows come from both files' events."""
+    spec = dict(ranks=2, steps=10)
+    directory = write_job(tmp_path / "a", SynthJob(job_id="r", **spec))
+    write_job(tmp_path / "b", SynthJob(job_id="r", compact=False, **spec))
+    for d in (directory, tmp_path / "b" / "r"):
+        first = sorted(d.glob("*.r1.*.jsonl"))[0]
+        lines = first.read_bytes().splitlines(keepends=True)
+        second = first.with_name(first.name.replace(".p1001.", ".p2001."))
+        second.write_bytes(b"".join(lines[len(lines) // 2:]))  # the second life's file
+        with open(first, "r+b") as fh:
+            fh.truncate(len(b"".join(lines[: len(lines) // 2])))
+        os.utime(first, ns=(1, 1))
+    compact(directory / sorted(p.name for p in directory.glob("*.r1.*.jsonl"))[0])
+    compact(directory / sorted(p.name for p in directory.glob("*.r1.*.jsonl"))[1])
+    seg, raw = load_local(tmp_path / "a", "r", cache=False), load_local(tmp_path / "b", "r", cache=False)
+    assert len(seg.rollups["steps"]) == 1 and len(seg.con.execute("SELECT * FROM events_unrolled LIMIT 1").fetchall()) == 1
+    assert _summaries(seg) == _summaries(raw)
+    q = "SELECT * FROM steps ORDER BY rank, step"
+    assert repr(seg.con.execute(q).fetchall()) == repr(raw.con.execute(q).fetchall())
