@@ -595,11 +595,7 @@ class Ingestor:
             if strict is not None:  # prefix and head already read: the rest as below
                 stream, text, head, day = strict
             elif not raw or raw.isspace():
-                stream = streams.get(None)
-                if stream is not None and stream.block is not None and self._feed_block(stream, ""):
-                    n_parsed += 1
-                    continue
-                skipped["blank line"] = skipped.get("blank line", 0) + 1
+                n_parsed += self._blank(streams.get(None))
                 continue
             else:
                 if b"\x00" in raw:
@@ -615,11 +611,7 @@ class Ingestor:
                 if mode != "none" or text[0] == "[":
                     pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
                     if not text or text.isspace():
-                        stream = streams.get(pfx)
-                        if stream is not None and stream.block is not None and self._feed_block(stream, ""):
-                            n_parsed += 1
-                            continue
-                        skipped["blank line"] = skipped.get("blank line", 0) + 1
+                        n_parsed += self._blank(streams.get(pfx))
                         continue
                 else:
                     pfx = None
@@ -736,6 +728,14 @@ class Ingestor:
         out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":"%b","msg":%b}\n'
                        % (ts + stream.offset, out.head, level_bytes(level), logger, msg))
         return True
+
+    def _blank(self, stream: _Stream | None) -> bool:
+        """A blank line: True when it continues the stream's open block (a traceback), else counted as skipped."""
+        if stream is not None and stream.block is not None and self._feed_block(stream, ""):
+            return True
+        skipped = self.summary.skipped
+        skipped["blank line"] = skipped.get("blank line", 0) + 1
+        return False
 
     def _parse(self, stream: _Stream, line: Line, ids: frozenset[int]) -> bool:
         """Run the triggered parsers in order; True when one of them took the line."""

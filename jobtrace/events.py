@@ -17,7 +17,7 @@ we target accepts them losslessly and step times are sub-millisecond.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Iterable, Iterator, Mapping
 
 import orjson

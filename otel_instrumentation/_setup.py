@@ -18,7 +18,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from dataclasses import asdict
 from time import time_ns

@@ -10,11 +10,15 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from jobtrace.errors import ConfigError
+from jobtrace.errors import BackendUnavailable, ConfigError, QueryError
+from shippers._transport import url_for_display
 
 from ._store import JobData, load_local
+
+if TYPE_CHECKING:
+    from shippers._transport import Request, Response, Transport
 
 __all__ = ["BACKENDS", "TimeRange", "busy_windows", "even_windows", "load_job", "parse_time"]
 
@@ -87,6 +91,39 @@ def busy_windows(intervals: Iterable[tuple[int, int, int]], window_lines: int) -
     for a, b, n in spans:
         out += even_windows(a, b, max(1, min(math.ceil(n / window_lines), (b - a) // 1_000_000)))
     return out
+
+
+def read_request(transport: Transport, request: Request, *, timeout_s: float, retries: int, backend: str,
+                 base: str, credentials_hint: str, on_attempt: Callable[[], None] = lambda: None) -> Response:
+    """Send one read to a log server, retrying an unreachable server and 429/5xx with backoff.
+
+    Returns the 200 answer; any other outcome is a :class:`QueryError` that names the
+    server (without credentials) and, for 401/403, where the credentials come from.
+    """
+    from shippers._transport import RetryPolicy
+
+    policy = RetryPolicy(initial_s=0.5, max_s=8.0)
+    where = url_for_display(base)
+    for attempt in range(retries + 1):
+        on_attempt()
+        try:
+            response = transport.send(request, timeout_s)
+        except BackendUnavailable as exc:
+            if attempt == retries:
+                raise QueryError(f"cannot reach {backend} at {where}: {exc}") from None
+            time.sleep(policy.delay(attempt))
+            continue
+        if response.status == 200:
+            return response
+        if policy.retryable(response.status) and attempt < retries:
+            time.sleep(policy.delay(attempt, response.header("Retry-After")))
+            continue
+        if response.status in (401, 403):
+            raise QueryError(f"{backend} at {where} refused the credentials (HTTP {response.status}): "
+                             f"check {credentials_hint}")
+        text = " ".join(response.body[:1000].decode("utf-8", "replace").split())
+        raise QueryError(f"{backend} query failed with HTTP {response.status}: {text}")
+    raise QueryError("unreachable")  # pragma: no cover
 
 
 def load_job(backend: str, job_id: str, *, data_dir: str = "jobtrace-data", url: str | None = None,

@@ -37,11 +37,11 @@ from urllib.parse import urlencode
 
 import orjson
 
-from jobtrace.errors import BackendUnavailable, ConfigError, JobNotFound, QueryError
+from jobtrace.errors import ConfigError, JobNotFound, QueryError
 
 from shippers._transport import url_for_display, url_without_suffix
 
-from ._backends import TimeRange, busy_windows, even_windows
+from ._backends import TimeRange, busy_windows, even_windows, read_request
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["LokiReader", "load_loki", "query_base"]
@@ -94,38 +94,25 @@ class LokiReader:
 
     # ---- HTTP ------------------------------------------------------------------------------------
     def get(self, path: str, params: dict[str, Any]) -> Any:
-        from shippers._transport import Request, RetryPolicy
+        from shippers._transport import Request
 
-        url = f"{self.base}/{path}?{urlencode(params)}"
-        policy = RetryPolicy(initial_s=0.5, max_s=8.0)
-        for attempt in range(self.retries + 1):
-            with self._lock:
-                self.counters.requests += 1
-            try:
-                response = self.transport.send(Request("GET", url, b"", self.headers), self.timeout_s)
-            except BackendUnavailable as exc:
-                if attempt == self.retries:
-                    raise QueryError(f"cannot reach Loki at {_safe(self.base)}: {exc}") from None
-                time.sleep(policy.delay(attempt))
-                continue
-            if response.status == 200:
-                try:
-                    doc = orjson.loads(response.body)
-                except orjson.JSONDecodeError:
-                    raise QueryError(f"Loki at {_safe(self.base)} answered something that is not JSON") from None
-                if doc.get("status") not in (None, "success"):
-                    raise QueryError(f"Loki query failed: {str(doc.get('error'))[:500]}")
-                data = doc.get("data")
-                return {} if data is None else data
-            text = " ".join(response.body[:1000].decode("utf-8", "replace").split())
-            if policy.retryable(response.status) and attempt < self.retries:
-                time.sleep(policy.delay(attempt, response.header("Retry-After")))
-                continue
-            if response.status in (401, 403):
-                raise QueryError(f"Loki at {_safe(self.base)} refused the credentials (HTTP {response.status}): "
-                                 f"check JOBTRACE_LOKI_USERNAME/_PASSWORD/_TOKEN/_TENANT")
-            raise QueryError(f"Loki query failed with HTTP {response.status}: {text}")
-        raise QueryError("unreachable")  # pragma: no cover
+        response = read_request(self.transport, Request("GET", f"{self.base}/{path}?{urlencode(params)}", b"",
+                                                        self.headers),
+                                timeout_s=self.timeout_s, retries=self.retries, backend="Loki", base=self.base,
+                                credentials_hint="JOBTRACE_LOKI_USERNAME/_PASSWORD/_TOKEN/_TENANT",
+                                on_attempt=self._count_request)
+        try:
+            doc = orjson.loads(response.body)
+        except orjson.JSONDecodeError:
+            raise QueryError(f"Loki at {_safe(self.base)} answered something that is not JSON") from None
+        if doc.get("status") not in (None, "success"):
+            raise QueryError(f"Loki query failed: {str(doc.get('error'))[:500]}")
+        data = doc.get("data")
+        return {} if data is None else data
+
+    def _count_request(self) -> None:
+        with self._lock:
+            self.counters.requests += 1
 
     # ---- planning ----------------------------------------------------------------------------------
     def histogram(self, selector: str, start_ns: int, end_ns: int) -> tuple[int, list[tuple[int, int]]] | None:

@@ -33,9 +33,10 @@ from pathlib import Path
 
 from jobtrace.events import COLUMNS
 
+from ._sql import literal
 from ._tables import DERIVED, ROLLUP_KEY, build_tables
 
-__all__ = ["compact", "json_scan_sql", "rollup_paths", "segment_for", "SEGMENT_RE"]
+__all__ = ["compact", "count_lines", "json_scan_sql", "rollup_paths", "segment_for", "SEGMENT_RE"]
 
 SEGMENT_RE = re.compile(r"^(?P<source>.+\.jsonl)\.(?P<bytes>\d+)-(?P<mtime>\d+)\.parquet$")
 """A segment's file name: the JSON-lines file it was made from, and that file's length and mtime then."""
@@ -72,7 +73,7 @@ def rollup_paths(segment: Path) -> dict[str, Path]:
     return {t: segment.with_name(f"{stem}.{t}-{ROLLUP_KEY}.parquet") for t in DERIVED}
 
 
-def _count_lines(path: Path) -> tuple[int, bool]:
+def count_lines(path: str | os.PathLike[str]) -> tuple[int, bool]:
     """Complete lines, and whether the file ends in a torn line."""
     lines = 0
     tail = b"\n"
@@ -83,10 +84,6 @@ def _count_lines(path: Path) -> tuple[int, bool]:
     return lines, tail != b"\n"
 
 
-def _sql_str(path: Path) -> str:
-    return str(path).replace("'", "''")
-
-
 def compact(path: str | os.PathLike[str]) -> Path | None:
     """Write the segment and rollup of one rank's JSON-lines file; ``None`` when they were not written."""
     src = Path(path)
@@ -94,7 +91,7 @@ def compact(path: str | os.PathLike[str]) -> Path | None:
         before = src.stat()
         if before.st_size == 0:
             return None
-        lines, torn = _count_lines(src)
+        lines, torn = count_lines(src)
         if torn:
             return None
         import duckdb  # only now: a rank that never exits cleanly never pays for the import
@@ -111,7 +108,7 @@ def compact(path: str | os.PathLike[str]) -> Path | None:
         outputs = {**{t: p for t, p in rollup_paths(seg).items()}, "events": seg}
         for table, out in outputs.items():  # the segment last: readers key off it
             tmp = out.with_name(out.name + ".tmp")
-            con.execute(f"COPY {table} TO '{_sql_str(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+            con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
             os.replace(tmp, out)
         con.close()
         keep = set(outputs.values())

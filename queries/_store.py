@@ -11,7 +11,6 @@ schema, and the analysis is naturally SQL (window functions, medians per group).
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import re
@@ -28,7 +27,8 @@ from jobtrace.errors import JobNotFound, QueryError
 from jobtrace.events import COLUMNS
 from shippers._local import job_dir
 
-from ._segments import SEGMENT_RE, json_scan_sql, rollup_paths, segment_for
+from ._segments import SEGMENT_RE, count_lines, json_scan_sql, rollup_paths, segment_for
+from ._sql import literal, literal_list
 
 __all__ = ["COLUMNS", "JobData", "ReadStats", "load_local", "load_events", "list_local_jobs"]
 
@@ -81,7 +81,7 @@ def _connect() -> duckdb.DuckDBPyConnection:
     con.execute("SET enable_progress_bar = false")  # a library must not draw on the user's terminal
     limit = os.environ.get("JOBTRACE_MEMORY_LIMIT")
     if limit:
-        con.execute(f"SET memory_limit = '{_sql_str(limit)}'")
+        con.execute(f"SET memory_limit = {literal(limit)}")
     threads = os.environ.get("JOBTRACE_THREADS")
     if threads:
         con.execute(f"SET threads = {int(threads)}")
@@ -98,20 +98,6 @@ def list_local_jobs(data_dir: str | os.PathLike[str]) -> list[str]:
 
 def _segments(directory: Path) -> Iterable[Path]:
     return (p for p in directory.glob("*.jsonl.*.parquet") if SEGMENT_RE.match(p.name))
-
-
-def _count_lines(paths: Iterable[str]) -> tuple[int, int]:
-    """Complete lines and torn tails (a last line without newline: a crash mid-write)."""
-    lines = torn = 0
-    for path in paths:
-        with open(path, "rb") as fh:
-            tail = b"\n"
-            while chunk := fh.read(1 << 22):
-                lines += chunk.count(b"\n")
-                tail = chunk[-1:]
-            if tail != b"\n":
-                torn += 1
-    return lines, torn
 
 
 _SETTLED_S = 60.0
@@ -212,7 +198,7 @@ def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = 
     stats_file = cached.with_suffix(".stats.json")
     if cache and files.lines and cached.exists() and stats_file.exists():
         try:
-            con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{_sql_str(cached)}')")
+            con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({literal(cached)})")
             stats = ReadStats(**orjson.loads(stats_file.read_bytes()))
             return JobData(job_id, con, stats, f"local:{directory}")
         except (duckdb.Error, orjson.JSONDecodeError, TypeError):
@@ -230,7 +216,8 @@ def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = 
     if verify:
         # A segment exists only for a file whose every line parsed: its lines are its events.
         line_events = con.execute("SELECT count(*) FROM events_lines").fetchone()[0] if files.lines else 0  # type: ignore[index]
-        lines, stats.torn_lines = _count_lines(files.lines)
+        counts = [count_lines(p) for p in files.lines]
+        lines, stats.torn_lines = sum(n for n, _ in counts), sum(torn for _, torn in counts)
         stats.lines = lines + stats.events - line_events
         stats.corrupt_lines = max(0, stats.lines - stats.events)
         if stats.torn_lines:
@@ -246,16 +233,11 @@ def _union_view(con: duckdb.DuckDBPyConnection, name: str, lines: list[str], seg
     """``name`` = the parsed lines plus the segments given (an empty relation of the right shape if neither)."""
     parts = ["SELECT * FROM events_lines"] if lines else []
     if segments:
-        listed = ", ".join(f"'{_sql_str(p)}'" for p in segments)
-        parts.append(f"SELECT {', '.join(COLUMNS)} FROM read_parquet([{listed}])")
+        parts.append(f"SELECT {', '.join(COLUMNS)} FROM read_parquet({literal_list(segments)})")
     if not parts:
         cols = ", ".join(f"NULL::{t} AS {k}" for k, t in COLUMNS.items())
         parts.append(f"SELECT {cols} WHERE false")
     con.execute(f"CREATE VIEW {name} AS " + " UNION ALL ".join(parts))
-
-
-def _sql_str(path: os.PathLike[str] | str) -> str:
-    return str(path).replace("'", "''")
 
 
 def _write_cache(con: duckdb.DuckDBPyConnection, cached: Path, stats_file: Path, stats: ReadStats) -> None:
@@ -265,7 +247,7 @@ def _write_cache(con: duckdb.DuckDBPyConnection, cached: Path, stats_file: Path,
         for old in cached.parent.glob("events-*"):
             old.unlink(missing_ok=True)
         tmp = cached.with_suffix(".tmp")
-        con.execute(f"COPY events TO '{_sql_str(tmp)}' (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY events TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
         os.replace(tmp, cached)
         stats_file.write_bytes(orjson.dumps(asdict(stats)))
     except (OSError, duckdb.Error):

@@ -20,6 +20,8 @@ from typing import Any, Final, Mapping, Sequence
 
 import orjson
 
+from ._sql import literal_list
+
 __all__ = ["DERIVED", "METRICS", "ROLLUP_KEY", "build_tables"]
 
 # json_transform parses each document once into typed fields (a value of the wrong type becomes NULL),
@@ -46,8 +48,7 @@ def build_tables(con: Any, source: str = "events", rollups: Mapping[str, Sequenc
         con.execute(sql)
     for table, paths in (rollups or {}).items():
         if paths:
-            listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet([{listed}])")
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet({literal_list(paths)})")
 
 
 def _statements(source: str) -> list[str]:

@@ -32,11 +32,11 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
-from jobtrace.errors import BackendUnavailable, JobNotFound, QueryError
+from jobtrace.errors import JobNotFound
 
 from shippers._transport import url_for_display, url_without_suffix
 
-from ._backends import TimeRange, busy_windows
+from ._backends import TimeRange, busy_windows, read_request
 from ._store import COLUMNS, JobData, ReadStats, load_events
 
 __all__ = ["VictoriaLogsReader", "load_victorialogs", "logsql_quote", "rfc3339_ns"]
@@ -99,29 +99,17 @@ class VictoriaLogsReader:
         """Rows of a LogsQL query over ``[start, end)`` (one dict per JSON line)."""
         from urllib.parse import urlencode
 
-        from shippers._transport import Request, RetryPolicy
+        from shippers._transport import Request
 
         body = urlencode({"query": logsql, "start": rfc3339_ns(start_ns), "end": rfc3339_ns(end_ns)}).encode()
-        policy = RetryPolicy(initial_s=0.5, max_s=8.0)
-        for attempt in range(self.retries + 1):
-            self.requests += 1
-            try:
-                response = self.transport.send(Request("POST", f"{self.base}/select/logsql/query", body,
-                                                       self.headers), self.timeout_s)
-            except BackendUnavailable as exc:
-                if attempt == self.retries:
-                    raise QueryError(f"cannot reach VictoriaLogs at {_safe(self.base)}: {exc}") from None
-                time.sleep(policy.delay(attempt))
-                continue
-            if response.status == 200:
-                loads = orjson.loads
-                return [loads(line) for line in response.body.splitlines() if line.strip()]
-            if policy.retryable(response.status) and attempt < self.retries:
-                time.sleep(policy.delay(attempt, response.header("Retry-After")))
-                continue
-            text = " ".join(response.body[:1000].decode("utf-8", "replace").split())
-            raise QueryError(f"VictoriaLogs query failed with HTTP {response.status}: {text}")
-        raise QueryError("unreachable")  # pragma: no cover
+        response = read_request(self.transport, Request("POST", f"{self.base}/select/logsql/query", body, self.headers),
+                                timeout_s=self.timeout_s, retries=self.retries, backend="VictoriaLogs", base=self.base,
+                                credentials_hint="JOBTRACE_VL_USERNAME/_PASSWORD/_TOKEN", on_attempt=self._count_request)
+        loads = orjson.loads
+        return [loads(line) for line in response.body.splitlines() if line.strip()]
+
+    def _count_request(self) -> None:
+        self.requests += 1
 
     def windows(self, selector: str, start_ns: int, end_ns: int) -> list[tuple[int, int]]:
         span_s = max(1.0, (end_ns - start_ns) / 1e9)

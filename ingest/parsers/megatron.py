@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from .._types import FEED_DONE, FEED_MORE, FEED_REJECT, Line, PartialEvent
+from .._types import FEED_MORE, FEED_REJECT, Line, PartialEvent
 from ._util import collective_op, layout_spans, metric_value, new_span_id, number, step_span
 
 __all__ = ["MegatronParser"]

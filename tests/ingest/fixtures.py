@@ -7,7 +7,7 @@ renders the text instead.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 T0 = datetime(2026, 1, 5, 12, 0, 0)
 

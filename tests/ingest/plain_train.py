@@ -7,7 +7,6 @@ line per step with its own timing breakdown, the way hand-written loops often do
 
 import argparse
 import logging
-import os
 import time
 
 import torch

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import orjson
-import pytest
 
 from jobtrace.synth import SynthJob, write_job
 from tests.conftest import PYTHON, python_env

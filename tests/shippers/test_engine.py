@@ -5,7 +5,6 @@ Real-server behaviour (VictoriaLogs, OpenSearch, fault proxy) is tested with eac
 
 from __future__ import annotations
 
-import threading
 import time
 
 import orjson
