@@ -15,8 +15,10 @@ Three passes per job: "segments" is the first read of a job whose ranks all exit
 cleanly (each left the Parquet segment of its lines); "lines" the first read of a job
 whose ranks were killed (every JSON line parsed; it writes the job's Parquet cache, as
 the first ``trace-job`` of such a job does); "cached" the read after that. The cost
-of writing the segments (what each rank pays at exit) is printed too. Prints figures;
-asserts nothing.
+of writing the segments (what each rank pays at exit) is printed too. Jobs above
+``--prune-above`` rank-steps (8,192 x 1,000: ~22 GB of JSON) are written rank by rank and
+keep only their segments, as a job whose raw logs retention has pruned; the raw size
+column still shows what the lines weighed. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ print(json.dumps({{"load_s": t1 - t0, "analyze_s": t2 - t1, "events": job.stats.
 """
 
 
-def generate(data: Path, ranks: int, steps: int) -> tuple[str, float]:
+def generate(data: Path, ranks: int, steps: int, prune: bool, processes: int) -> tuple[str, float]:
     from jobtrace.synth import SynthJob, write_job
     from queries._segments import compact
 
@@ -57,12 +59,13 @@ def generate(data: Path, ranks: int, steps: int) -> tuple[str, float]:
     t = 0.0
     if not done.exists():
         t0 = time.perf_counter()
-        write_job(data, SynthJob(job_id=job_id, ranks=ranks, steps=steps, logs_per_step=1, compact=False,
-                                 slow_ranks={ranks // 3: 1.5}, leaks={ranks - 1: (steps // 2, 1.0)}))
+        write_job(data, SynthJob(job_id=job_id, ranks=ranks, steps=steps, logs_per_step=1, compact=prune,
+                                 slow_ranks={ranks // 3: 1.5}, leaks={ranks - 1: (steps // 2, 1.0)}),
+                  keep_lines=not prune, processes=processes)
         done.touch()
         t = time.perf_counter() - t0
     files = sorted(directory.glob("*.jsonl"))
-    if not any(directory.glob("*.jsonl.*.parquet")):
+    if files and not any(directory.glob("*.jsonl.*.parquet")):
         t0 = time.process_time()
         for path in files:
             compact(path)
@@ -88,6 +91,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[1000])
     p.add_argument("--threads", type=int, default=1, help="DuckDB threads (default 1: one core)")
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "jobtrace-bench-analysis")
+    p.add_argument("--prune-above", type=int, default=2_000_000,
+                   help="above this many rank-steps, keep only each rank's segment (raw lines pruned, as retention "
+                        "does), so 8,192 x 1,000 fits on disk: the 'lines' and 'cached' passes are skipped")
+    p.add_argument("--processes", type=int, default=os.cpu_count() or 1, help="processes generating the job")
     p.add_argument("--memory-limit", default=None, help="DuckDB memory_limit, if the store honours JOBTRACE_MEMORY_LIMIT")
     args = p.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -95,11 +102,14 @@ def main() -> None:
           f"{'peak MB':>8}  findings")
     for ranks in args.ranks:
         for steps in args.steps:
-            job_id, gen_s = generate(args.dir, ranks, steps)
+            prune = ranks * steps > args.prune_above
+            job_id, gen_s = generate(args.dir, ranks, steps, prune, args.processes)
             directory = args.dir / job_id
-            raw = sum(f.stat().st_size for f in directory.glob("*.jsonl")) / 2**20
+            pruned = directory / ".synth-raw-bytes"
+            raw = (int(pruned.read_text()) if pruned.exists() else
+                   sum(f.stat().st_size for f in directory.glob("*.jsonl"))) / 2**20
             hidden = directory / ".segments-hidden"
-            for label in ("segments", "lines", "cached"):
+            for label in ("segments",) if pruned.exists() else ("segments", "lines", "cached"):
                 if label == "segments":
                     for cache in (directory / ".cache").glob("*"):
                         cache.unlink()

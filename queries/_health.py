@@ -14,7 +14,8 @@ Rules (thresholds in :class:`AnalysisConfig`):
 * ``memory_leak``: memory (CUDA allocated, else host RSS) whose *floor* (the lowest value
   from a step on, so memory that is later freed does not count) rises by at least
   ``leak_min_mb`` and ``leak_min_frac`` of its baseline, in several increments; it began
-  at the first step the floor left the baseline.
+  where a flat-then-rising line fits the samples best (a least-squares hinge: noise in
+  the flat part does not pull the start early, as a first crossing of the floor would).
 * ``throughput_drop``: the job's step time (median over ranks), smoothed with a centred
   rolling median, ``throughput_drop`` above the best it had been before.
 * ``data_wait``: ranks spending ``data_wait_frac`` of their step in the ``data`` phase.
@@ -216,10 +217,26 @@ def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
                          max(inc) AS max_inc, count(*) FILTER (WHERE inc > 0) AS n_inc, min(step) AS s0,
                          max(step) AS s1, arg_max(m, step) AS last_m
                   FROM g GROUP BY rank),
-            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest(?, ? * f0) AND max_inc <= 0.5 * (f1 - f0) AND n_inc >= 3)
-            SELECT l.rank, l.node, l.f0, l.f1, l.s1, l.n_inc,
-                   (SELECT min(g.step) FROM g WHERE g.rank = l.rank AND g.floor > l.f0 + 0.02 * (l.f1 - l.f0)) AS start
-            FROM l ORDER BY l.rank""",
+            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest(?, ? * f0) AND max_inc <= 0.5 * (f1 - f0) AND n_inc >= 3),
+            y AS (SELECT g.rank, g.step, lead(g.step) OVER (PARTITION BY g.rank ORDER BY g.step) AS next_step,
+                         (g.step - l.s0)::DOUBLE AS x, (g.m - l.f0) / 1048576.0 AS y
+                  FROM g JOIN l USING (rank)),
+            t AS (SELECT rank, count(*) AS n, sum(y) AS sy FROM y GROUP BY rank),
+            h AS (SELECT y.rank, y.step, y.next_step, y.x AS k, t.n, t.sy,
+                         count(*) OVER w AS c, coalesce(sum(y.x) OVER w, 0) AS s1,
+                         coalesce(sum(y.x * y.x) OVER w, 0) AS s2, coalesce(sum(y.y) OVER w, 0) AS sy_after,
+                         coalesce(sum(y.x * y.y) OVER w, 0) AS sxy
+                  FROM y JOIN t USING (rank)
+                  WINDOW w AS (PARTITION BY y.rank ORDER BY y.step DESC
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)),
+            fit AS (SELECT rank, next_step,
+                           (sxy - k * sy_after) - (s1 - k * c) * sy / n AS cxy,
+                           (s2 - 2 * k * s1 + k * k * c) - (s1 - k * c) * (s1 - k * c) / n AS cxx
+                    FROM h WHERE c >= 2 AND n - c >= 2),
+            start AS (SELECT rank, arg_max(next_step, cxy * cxy / cxx) AS start
+                      FROM fit WHERE cxx > 0 AND cxy > 0 GROUP BY rank)
+            SELECT l.rank, l.node, l.f0, l.f1, l.s1, l.n_inc, coalesce(start.start, l.s0) AS start
+            FROM l LEFT JOIN start USING (rank) ORDER BY l.rank""",
         [min_bytes, cfg.leak_min_frac],
     )
     if not leaks:

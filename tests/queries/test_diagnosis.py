@@ -185,10 +185,12 @@ def _rewrite_metrics(directory, fn):
 
 
 class TestHealth:
-    def test_memory_leak_is_found_with_the_step_it_began(self, tmp_path):
-        report = report_for(tmp_path, SynthJob(job_id="l", ranks=4, steps=60, leaks={1: (25, 8.0)}))
+    @pytest.mark.parametrize("seed", [1, 7, 9])
+    def test_memory_leak_is_found_with_the_step_it_began(self, tmp_path, seed):
+        # RSS noise (0-16 MB) is twice the leak's 8 MB/step: the start is known to within a step
+        report = report_for(tmp_path, SynthJob(job_id="l", ranks=4, steps=60, leaks={1: (25, 8.0)}, seed=seed))
         (f,) = by_kind(report, "memory_leak")
-        assert f.ranks == [1] and f.details["start_step"] == 25 and 7 < f.details["mb_per_step"] < 9
+        assert f.ranks == [1] and abs(f.details["start_step"] - 25) <= 1 and 7 < f.details["mb_per_step"] < 9
 
     def test_data_loader_wait_names_the_rank(self, tmp_path):
         report = report_for(tmp_path, SynthJob(job_id="d", ranks=8, steps=40, data_wait_ms={3: 80.0}))
