@@ -5,6 +5,10 @@ Our own spans are recorded by the cheap recorder; OpenTelemetry is set up so tha
 nested under our current step/phase, and is recorded as an event too, and (2) the
 providers carry resource attributes following the semantic conventions
 (``service.*``, ``host.name``, ``process.pid``) plus ``jobtrace.*`` for the rank.
+
+The OTel context is attached once, at setup, with a :class:`_LiveSpan` that answers
+"which span is current?" from the recorder's stack when asked. Attaching a context per
+span would cost every step and phase ~10 µs; asking costs only the rare OTel span.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
 
 from jobtrace.events import SpanCategory
 
@@ -64,10 +68,31 @@ class _RecordSpans(SpanProcessor):
         )
 
 
-def install_otel(rec: Recorder) -> Callable[[], None]:
-    """Set up providers and context; returns a function that undoes the context attachment."""
+class _LiveSpan(NonRecordingSpan):
+    """The current OpenTelemetry span: whichever of our spans is innermost when it is asked."""
+
+    def __init__(self, rec: Recorder, trace_id: int, steps_only: bool) -> None:
+        super().__init__(INVALID_SPAN_CONTEXT)
+        self._rec = rec
+        self._trace_id = trace_id
+        self._steps_only = steps_only
+        self._flags = TraceFlags(TraceFlags.SAMPLED)
+
+    def get_span_context(self) -> SpanContext:
+        stack = self._rec.stack()
+        if self._steps_only:
+            stack = [s for s in stack if s.cat == SpanCategory.STEP]
+        span_id = stack[-1].span_id if stack else (self._rec.root_span_id or 1)
+        return SpanContext(trace_id=self._trace_id, span_id=span_id, is_remote=False, trace_flags=self._flags)
+
+
+def install_otel(rec: Recorder, context: str = "all") -> Callable[[], None]:
+    """Set up providers and context; returns a function that undoes the context attachment.
+
+    ``context``: which of our spans is the current OTel span: ``"all"`` (the innermost),
+    ``"step"`` (the step span) or ``"none"`` (the job's trace is not put in the context).
+    """
     ident = rec.identity
-    trace_int = int(ident.trace_id, 16)
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         provider = current  # the user configured one; add our processor to it
@@ -85,26 +110,17 @@ def install_otel(rec: Recorder) -> Callable[[], None]:
     except ImportError:  # the logs SDK moved between releases; tracing works without it
         pass
 
-    sampled = TraceFlags(TraceFlags.SAMPLED)
-
-    def attach(span_id: int) -> object:
-        ctx = SpanContext(trace_id=trace_int, span_id=span_id, is_remote=False, trace_flags=sampled)
-        return otel_context.attach(trace.set_span_in_context(NonRecordingSpan(ctx)))
-
-    def detach(token: object) -> None:
-        try:
-            otel_context.detach(token)  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001 - a token from another context; nothing to undo
-            pass
-
-    root = rec.root_span_id or 1
-    root_token = attach(root)
-    rec.attach_otel = attach
-    rec.detach_otel = detach
+    token = None
+    if context != "none":
+        live = _LiveSpan(rec, int(ident.trace_id, 16), steps_only=context == "step")
+        token = otel_context.attach(trace.set_span_in_context(live))
 
     def undo() -> None:
         processor.enabled = False
-        rec.attach_otel = rec.detach_otel = None
-        detach(root_token)
+        if token is not None:
+            try:
+                otel_context.detach(token)
+            except Exception:  # noqa: BLE001 - detached from another context; nothing to undo
+                pass
 
     return undo

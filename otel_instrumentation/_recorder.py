@@ -36,6 +36,7 @@ from ._identity import Identity
 __all__ = ["Recorder", "Span"]
 
 _SPAN, _LOG, _METRIC, _BEAT = 0, 1, 2, 3
+_STEP = SpanCategory.STEP
 _DUMPS = orjson.dumps
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY  # as events.encode: the fast path's bytes equal the general path's
 
@@ -77,7 +78,7 @@ class Span:
     because a generator-based manager costs several microseconds more per use.
     """
 
-    __slots__ = ("_rec", "name", "cat", "attrs", "step", "span_id", "parent_id", "start", "_otel_token")
+    __slots__ = ("_rec", "name", "cat", "attrs", "step", "span_id", "parent_id", "start", "_stack")
 
     def __init__(self, rec: Recorder, name: str, cat: str, step: int | None, attrs: dict[str, Any] | None) -> None:
         self._rec = rec
@@ -88,41 +89,39 @@ class Span:
         self.span_id = 0
         self.parent_id: int | None = None
         self.start = 0
-        self._otel_token: object = None
 
     def __enter__(self) -> Span:
         rec = self._rec
-        stack = rec.stack()
+        try:
+            stack: list[Span] = rec._local.stack
+        except AttributeError:
+            stack = rec.stack()
+        self._stack = stack
         self.parent_id = stack[-1].span_id if stack else rec.root_span_id
         self.span_id = getrandbits(64) or 1
         if self.step is None:
             self.step = rec.step
-        elif self.cat == SpanCategory.STEP:
+        elif self.cat == _STEP:
             rec.step = self.step
         stack.append(self)
-        if rec.attach_otel is not None and (rec.otel_all_spans or self.cat == SpanCategory.STEP):
-            self._otel_token = rec.attach_otel(self.span_id)
         self.start = time_ns()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         end = time_ns()
         rec = self._rec
-        stack = rec.stack()
+        stack = self._stack
         if stack and stack[-1] is self:
             stack.pop()
         elif self in stack:  # exited out of order (a generator span); keep the stack sane
             stack.remove(self)
-        if self._otel_token is not None and rec.detach_otel is not None:
-            rec.detach_otel(self._otel_token)
-            self._otel_token = None
         attrs = self.attrs
         if exc_type is not None:
             attrs = dict(attrs or ())
             attrs["error"] = f"{exc_type.__name__}: {exc}"
         rec.emit((_SPAN, self.span_id, self.parent_id, self.name, self.cat, self.start, end, self.step, attrs))
         rec.last_progress_ns = end
-        if self.cat == SpanCategory.STEP:
+        if self.cat == _STEP:
             for hook in rec.step_end_hooks:
                 hook(self.step)
 
@@ -137,10 +136,6 @@ class Recorder:
         self.root_span_id = int(identity.parent_span_id, 16) if identity.parent_span_id else None
         self.last_progress_ns = time_ns()
         self.step_end_hooks: list[Callable[[int | None], None]] = []
-        self.attach_otel: Callable[[int], object] | None = None
-        # Attaching an OpenTelemetry context costs ~10 µs; by default only step spans do it.
-        self.otel_all_spans = False
-        self.detach_otel: Callable[[object], None] | None = None
         # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
         self.in_collective: tuple[str, str, int, int, int] | None = None
         self._local = threading.local()

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from jobtrace.events import COLLECTIVE_OPS, SpanCategory
 
-from ._recorder import _SPAN, Recorder
+from ._recorder import _METRIC, _SPAN, Recorder
 
 __all__ = ["instrument_torch", "uninstrument_torch", "memory_hook"]
 
@@ -153,7 +153,7 @@ def memory_hook(rec: Recorder) -> Callable[[int | None], None]:
             values["cuda_allocated_bytes"] = cuda.memory_allocated(dev)
             values["cuda_reserved_bytes"] = cuda.memory_reserved(dev)
             values["cuda_max_allocated_bytes"] = cuda.max_memory_allocated(dev)
-        if values:
-            rec.metrics(step, values)
+        if values:  # plain ints: straight to the queue, without the user path's tensor checks
+            rec.emit((_METRIC, time_ns(), step, values, rec.root_span_id))
 
     return hook

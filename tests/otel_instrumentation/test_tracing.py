@@ -116,22 +116,47 @@ class TestLogsAndSpans:
 
 
 class TestOpenTelemetry:
-    @pytest.mark.parametrize("all_spans", [False, True])
-    def test_user_otel_span_joins_the_job_trace_under_our_span(self, tracing, tmp_path, all_spans):
-        """A span started with the OTel API gets the job's TraceID, nests under our step (or, with
-        otel_context="all", our phase), and is recorded as an event too."""
+    def test_user_otel_span_joins_the_job_trace_under_our_innermost_span(self, tracing, tmp_path):
+        """A span started with the OTel API gets the job's TraceID, nests under whichever of our
+        spans is innermost when it starts (the context is resolved then, not attached per span),
+        and is recorded as an event too."""
         from opentelemetry import trace
 
-        tracing.recorder.otel_all_spans = all_spans
         tracer = trace.get_tracer("user")
+        with tracer.start_as_current_span("setup") as before:
+            pass
         with oi.step(0) as st:
             with oi.phase("forward") as ph:
                 with tracer.start_as_current_span("attention") as s:
                     ctx = s.get_span_context()
+                    with tracer.start_as_current_span("softmax") as inner:
+                        pass
+            with tracer.start_as_current_span("between") as between:
+                pass
         assert f"{ctx.trace_id:032x}" == tracing.identity.trace_id
-        assert s.parent.span_id == (ph.span_id if all_spans else st.span_id)
+        assert s.parent.span_id == ph.span_id and inner.parent.span_id == ctx.span_id
+        assert between.parent.span_id == st.span_id
+        assert before.parent.span_id == tracing.recorder.root_span_id
         names = [e["name"] for e in events_of(tracing, tmp_path, "span")]
-        assert "attention" in names
+        assert {"attention", "softmax", "between", "setup"} <= set(names)
+
+    @pytest.mark.parametrize("mode", ["step", "none"])
+    def test_otel_context_modes(self, tmp_path, mode):
+        proc = run_child(
+            f"""
+            import otel_instrumentation as oi
+            from opentelemetry import trace
+            t = oi.init_tracing("ctx", data_dir="store", torch=False, otel_context={mode!r})
+            with oi.step(0) as st:
+                with oi.phase("forward"):
+                    with trace.get_tracer("u").start_as_current_span("x") as s:
+                        pass
+            print("RESULT", s.parent.span_id == st.span_id if s.parent else None,
+                  f"{{s.get_span_context().trace_id:032x}}" == t.identity.trace_id)
+            """, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        result = proc.stdout.split("RESULT ")[1].split()
+        assert result == (["True", "True"] if mode == "step" else ["None", "False"])
 
     def test_resource_follows_semantic_conventions(self, tracing):
         from opentelemetry import trace
