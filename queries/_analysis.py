@@ -1,6 +1,6 @@
 """From a job's ``events`` table to a verdict: who is slow, who is stalled, what went wrong, and why.
 
-All heavy lifting is SQL over the columnar ``events`` table: three derived tables (see
+All heavy lifting is SQL over the columnar ``events`` table: four derived tables (see
 :mod:`queries._tables`) are built with one scan each, and every check then reads those
 or runs a small targeted query, so the cost grows with events in DuckDB and with ranks
 (not events) in Python. Only the ``events`` table is read, so the embedded store and
@@ -67,28 +67,13 @@ def analyze(
     ranks = rows(
         con,
         f"""
-        WITH r AS (
-            SELECT rank, any_value(node) AS node, max(ts) AS last_ts, min(ts) AS first_ts, max(world) AS world,
-                   min(trace_id) AS trace_lo, max(trace_id) AS trace_hi,
-                   max(ts) FILTER (WHERE kind <> 'heartbeat' AND (kind <> 'log' OR NOT starts_with(logger, 'jobtrace')))
-                       AS last_progress,
-                   arg_max(attrs, ts) FILTER (WHERE kind = 'heartbeat') AS beat,
-                   max(ts) FILTER (WHERE kind = 'heartbeat') AS beat_ts,
-                   -- one arg_max over a struct with a tie-break, so name, category and id
-                   -- come from the same span even when several spans end in the same nanosecond
-                   arg_max({{'name': name, 'cat': cat, 'id': span_id}}, (ts, coalesce(dur, 0), span_id))
-                       FILTER (WHERE kind = 'span') AS last_span_row,
-                   max(ts) FILTER (WHERE kind = 'span') AS last_span_ts,
-                   max(step) AS last_step,
-                   bool_or(kind = 'log' AND logger = 'jobtrace.lifecycle' AND msg = 'stop') AS stopped
-            FROM events GROUP BY rank),
+        WITH r AS (SELECT * FROM ranks),
         s AS (
             SELECT rank, count(*) AS n, median(step_ns) AS step_ns, median(compute_ns) AS compute_ns,
                    median(coll_ns) AS coll_ns, median(data_ns) AS data_ns, median(idle_ns) AS idle_ns,
                    sum(coll_ns) / nullif(sum(step_ns), 0) AS comm_share
             FROM steps WHERE {warm} GROUP BY rank)
-        SELECT r.* EXCLUDE (last_span_row), r.last_span_row.name AS last_span, r.last_span_row.cat AS last_span_cat,
-               r.last_span_row.id AS last_span_id, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
+        SELECT r.*, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
         FROM r LEFT JOIN s USING (rank) ORDER BY rank
         """,
     )

@@ -36,7 +36,7 @@ from jobtrace.events import COLUMNS
 from ._sql import literal
 from ._tables import DERIVED, ROLLUP_KEY, build_tables
 
-__all__ = ["compact", "count_lines", "json_scan_sql", "rollup_paths", "segment_for", "SEGMENT_RE"]
+__all__ = ["compact", "count_lines", "json_scan_sql", "refresh_rollup", "rollup_paths", "segment_for", "SEGMENT_RE"]
 
 SEGMENT_RE = re.compile(r"^(?P<source>.+\.jsonl)\.(?P<bytes>\d+)-(?P<mtime>\d+)\.parquet$")
 """A segment's file name: the JSON-lines file it was made from, and that file's length and mtime then."""
@@ -118,3 +118,34 @@ def compact(path: str | os.PathLike[str]) -> Path | None:
         return seg
     except Exception:  # noqa: BLE001 - a missing segment only costs the reader time
         return None
+
+
+def refresh_rollup(segment: str | os.PathLike[str]) -> bool:
+    """Write the rollup of a segment whose rollup is missing or from another version.
+
+    The segment holds the rank's events, so its raw lines are not needed: a store whose
+    raw logs were pruned can still be brought up to this version's derived tables
+    (otherwise every read derives those ranks' rows from their events).
+    """
+    seg = Path(segment)
+    try:
+        import duckdb
+
+        con = duckdb.connect(":memory:")
+        con.execute("SET threads = 1")
+        con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({literal(seg)})")
+        build_tables(con)
+        keep = set()
+        for table, out in rollup_paths(seg).items():
+            tmp = out.with_name(out.name + ".tmp")
+            con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+            os.replace(tmp, out)
+            keep.add(out)
+        con.close()
+        stem = seg.name[: -len(".parquet")]
+        for old in seg.parent.glob(f"{glob.escape(stem)}.*-*.parquet"):
+            if old not in keep:
+                old.unlink(missing_ok=True)  # rollups of other versions
+        return True
+    except Exception:  # noqa: BLE001 - the reader derives what is missing
+        return False

@@ -6,8 +6,10 @@
   by any phase).
 * ``mets``: one row per rank and step with the metrics the health checks know, the
   last reported value winning when a step reports one twice.
+* ``ranks``: one row per rank: first and last event, last progress, last heartbeat
+  and span, last step, whether it stopped cleanly (the stall and summary checks).
 
-All three are built from the ``events`` table only, so they come out the same whichever
+All four are built from the ``events`` table only, so they come out the same whichever
 backend loaded the job. Each row depends on one rank's events only, so a rank can build
 its own rows when it exits (its *rollup*, see :mod:`._segments`); the reader then
 derives only the ranks that left none and appends the rollups' rows.
@@ -95,6 +97,28 @@ def _statements(source: str) -> list[str]:
                CASE WHEN p.phase_ns IS NULL THEN NULL ELSE greatest(s.step_ns - p.phase_ns, 0) END AS idle_ns
         FROM step_spans s LEFT JOIN p USING (rank, step) LEFT JOIN c USING (rank, step) LEFT JOIN n USING (rank)
         """,
+        # What each rank was last doing and when: the stall, hang and summary checks' one pass over events.
+        f"""
+        CREATE OR REPLACE TEMP TABLE ranks AS
+        WITH r AS (
+            SELECT rank, any_value(node) AS node, max(ts) AS last_ts, min(ts) AS first_ts, max(world) AS world,
+                   min(trace_id) AS trace_lo, max(trace_id) AS trace_hi,
+                   max(ts) FILTER (WHERE kind <> 'heartbeat' AND (kind <> 'log' OR NOT starts_with(logger, 'jobtrace')))
+                       AS last_progress,
+                   arg_max(attrs, ts) FILTER (WHERE kind = 'heartbeat') AS beat,
+                   max(ts) FILTER (WHERE kind = 'heartbeat') AS beat_ts,
+                   -- one arg_max over a struct with a tie-break, so name, category and id
+                   -- come from the same span even when several spans end in the same nanosecond
+                   arg_max({{'name': name, 'cat': cat, 'id': span_id}}, (ts, coalesce(dur, 0), span_id))
+                       FILTER (WHERE kind = 'span') AS last_span_row,
+                   max(ts) FILTER (WHERE kind = 'span') AS last_span_ts,
+                   max(step) AS last_step,
+                   bool_or(kind = 'log' AND logger = 'jobtrace.lifecycle' AND msg = 'stop') AS stopped
+            FROM {source} GROUP BY rank)
+        SELECT r.* EXCLUDE (last_span_row), r.last_span_row.name AS last_span, r.last_span_row.cat AS last_span_cat,
+               r.last_span_row.id AS last_span_id
+        FROM r
+        """,
         f"""
         CREATE OR REPLACE TEMP TABLE mets AS
         WITH m AS (SELECT rank, node, step, ts, span_id, json_transform(metrics, '{spec}') AS m
@@ -106,7 +130,7 @@ def _statements(source: str) -> list[str]:
     ]
 
 
-DERIVED: Final = ("colls", "steps", "mets")
+DERIVED: Final = ("colls", "steps", "mets", "ranks")
 """The derived tables a rank's rollup holds (``step_spans`` only serves to build ``steps``)."""
 
 ROLLUP_KEY: Final = hashlib.sha256("".join(_statements("events")).encode()).hexdigest()[:8]

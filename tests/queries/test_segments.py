@@ -9,7 +9,7 @@ import pytest
 
 from jobtrace.synth import SynthJob, write_job
 from queries import analyze, load_local
-from queries._segments import SEGMENT_RE, compact, rollup_paths, segment_for
+from queries._segments import SEGMENT_RE, compact, refresh_rollup, rollup_paths, segment_for
 from shippers._local import LocalStoreSink
 
 
@@ -26,14 +26,15 @@ def test_segments_give_the_same_events_and_report_as_the_lines(tmp_path):
     assert len(segments) == 8 and all(p.exists() for s in segments for p in rollup_paths(s).values())
     assert not glob.glob(str(tmp_path / "b/j/*.parquet"))
     seg, raw = load_local(tmp_path / "a", "j", cache=False), load_local(tmp_path / "b", "j", cache=False)
-    assert sorted(seg.rollups) == ["colls", "mets", "steps"] and not raw.rollups
+    assert sorted(seg.rollups) == ["colls", "mets", "ranks", "steps"] and not raw.rollups
     query = "SELECT * FROM events ORDER BY rank, ts, kind, span_id, msg, metrics::VARCHAR"
     assert seg.con.execute(query).fetchall() == raw.con.execute(query).fetchall()
     assert (seg.stats.lines, seg.stats.events, seg.stats.skipped) == (raw.stats.lines, raw.stats.events, {})
     found = _summaries(seg)
     assert found == _summaries(raw) and any("rank 3" in s for s in found)
     # The derived tables appended from the ranks' rollups equal those derived from the events.
-    for table, order in (("steps", "rank, step"), ("mets", "rank, step"), ("colls", "rank, ts, span_id")):
+    for table, order in (("steps", "rank, step"), ("mets", "rank, step"), ("colls", "rank, ts, span_id"),
+                         ("ranks", "rank")):
         q = f"SELECT * FROM {table} ORDER BY {order}"
         assert repr(seg.con.execute(q).fetchall()) == repr(raw.con.execute(q).fetchall()) != "[]"  # NaN-safe
 
@@ -86,6 +87,24 @@ def test_a_segment_serves_alone_once_the_raw_lines_are_pruned(tmp_path):
     pruned = load_local(tmp_path, "p", cache=False)
     assert pruned.stats.events == full.stats.events and pruned.stats.files == 4
     assert "p" in __import__("queries").list_local_jobs(tmp_path)
+
+
+def test_a_pruned_job_gets_this_versions_rollup_back_from_its_segments(tmp_path):
+    """Raw lines pruned and rollups from another version: refresh_rollup rebuilds them from the segment alone."""
+    spec = dict(ranks=4, steps=30, slow_ranks={2: 2.0}, leaks={1: (10, 8.0)})
+    directory = write_job(tmp_path / "a", SynthJob(job_id="p", **spec), keep_lines=False)
+    write_job(tmp_path / "b", SynthJob(job_id="p", compact=False, **spec))
+    assert not list(directory.glob("*.jsonl")) and (directory / ".synth-raw-bytes").exists()
+    segments = sorted(p for p in directory.iterdir() if SEGMENT_RE.match(p.name))
+    for seg in segments:  # as if written by another version: its rollup key is not ours
+        for path in rollup_paths(seg).values():
+            path.rename(path.with_name(path.name.replace(path.name.split("-")[-1], "0ldc0de0.parquet")))
+    assert not load_local(tmp_path / "a", "p").rollups
+    assert all(refresh_rollup(seg) for seg in segments)
+    assert not list(directory.glob("*0ldc0de0*"))  # the other version's files are gone
+    fresh, raw = load_local(tmp_path / "a", "p"), load_local(tmp_path / "b", "p", cache=False)
+    assert sorted(fresh.rollups) == ["colls", "mets", "ranks", "steps"]
+    assert _summaries(fresh) == _summaries(raw) and any("rank 2" in s for s in _summaries(fresh))
 
 
 @pytest.mark.parametrize("env,expected", [("1", True), ("0", False)])
