@@ -87,9 +87,12 @@ class BatchWorker(Generic[T]):
     # ---- calling thread -------------------------------------------------------
     def emit(self, item: T) -> None:
         q = self._queue
-        if len(q) < self._max_queue:
+        n = len(q)
+        if n < self._max_queue:
             q.append(item)
-            if len(q) >= self._batch_size:
+            # Wake the exporter once per full batch: Event.set takes a lock and notifies,
+            # which would cost every call while a burst keeps the queue above a batch.
+            if n >= self._batch_size and not self._wake.is_set():
                 self._wake.set()
         else:
             self._spill(item)
