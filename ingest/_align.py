@@ -16,9 +16,49 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Mapping
 
-__all__ = ["ClockOffset", "estimate_offsets"]
+__all__ = ["ClockOffset", "SyncMoments", "estimate_offsets"]
 
 MIN_POINTS: Final = 3
+MAX_MOMENTS: Final = 4096
+"""Shared moments kept per node: plenty for a millisecond estimate, and a bound on memory."""
+
+
+class SyncMoments:
+    """The shared moments seen so far, per clock domain, in memory that does not grow with the log.
+
+    Each domain keeps the steps divisible by its stride; when it holds ``cap`` steps the
+    stride doubles and the others are dropped. Strides are powers of two, so the steps two
+    domains keep always include those divisible by the larger stride: whatever part of
+    the job each node's log covers, their shared moments stay shared.
+    """
+
+    def __init__(self, cap: int = MAX_MOMENTS) -> None:
+        self.points: dict[str, dict[object, list[int]]] = {}
+        self._strides: dict[str, int] = {}
+        self._cap = cap
+
+    def add(self, domain: str, step: int, ts: int) -> None:
+        if type(step) is not int:
+            return  # only step numbers are moments every rank shares
+        stride = self._strides.get(domain, 1)
+        if step % stride:
+            return
+        keys = self.points.setdefault(domain, {})
+        key = ("step", step)
+        ts_list = keys.get(key)
+        if ts_list is None:
+            if len(keys) >= self._cap:
+                stride *= 2
+                self._strides[domain] = stride
+                for k in [k for k in keys if k[1] % stride]:  # type: ignore[index]
+                    del keys[k]
+                if step % stride:
+                    return
+            ts_list = keys[key] = []
+        ts_list.append(ts)
+
+    def __bool__(self) -> bool:
+        return bool(self.points)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from jobtrace.events import SCHEMA_VERSION
 from otel_instrumentation._identity import trace_id_for_job
 from shippers import Sink
 
-from ._align import ClockOffset, estimate_offsets
+from ._align import ClockOffset, SyncMoments, estimate_offsets
 from ._match import Matcher, make_matcher
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
@@ -220,7 +220,7 @@ class Ingestor:
         self._next_guess = 0
         self._max_rank = -1
         self._offsets: dict[str, ClockOffset] = {}
-        self._sync: dict[str, dict[object, list[int]]] | None = None
+        self._sync: SyncMoments | None = None
         self.summary = IngestSummary(job=config.job, matcher=self._matcher.engine)
         self._n_log = 0
         self._events: dict[str, int] = {}
@@ -273,7 +273,7 @@ class Ingestor:
         s.seconds = time.perf_counter() - t0
         s.streams = sorted(s.streams, key=lambda d: (d["rank"], d["node"], d["source"]))
         if self._sync:
-            residual = estimate_offsets(self._sync)
+            residual = estimate_offsets(self._sync.points)
             applied = [abs(o.offset_ms) for o in residual.values() if o.applied]
             if applied and any(o.applied for o in self._offsets.values()):
                 s.alignment_residual_ms = round(max(applied), 3)
@@ -459,7 +459,7 @@ class Ingestor:
 
     # ---- alignment pass ---------------------------------------------------------------
     def _align_pass(self, sources: list[Source]) -> None:
-        points: dict[str, dict[object, list[int]]] = {}
+        points = SyncMoments()
         for i, source in enumerate(sources):
             if source.is_stdin:
                 continue
@@ -488,12 +488,12 @@ class Ingestor:
                 pass
             finally:
                 fh.close()
-        self._offsets = estimate_offsets(points)
+        self._offsets = estimate_offsets(points.points)
         self.summary.clock_offsets = sorted(self._offsets.values(), key=lambda o: o.domain)
-        self._sync = {}
+        self._sync = SyncMoments()
 
     def _sync_block(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
-                    points: dict[str, dict[object, list[int]]]) -> None:
+                    points: SyncMoments) -> None:
         if src.mode is None:
             src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
         hits = self._sync_matcher.scan(block)
@@ -549,7 +549,7 @@ class Ingestor:
                 except Exception:  # noqa: BLE001 - counted in the main pass
                     continue
                 if step is not None:
-                    points.setdefault(domain, {}).setdefault(("step", step), []).append(ts)
+                    points.add(domain, step, ts)
                     break
 
     # ---- the main pass ----------------------------------------------------------------
@@ -888,7 +888,7 @@ class Ingestor:
                 node = st.node if (rank == st.rank or st.rank_guessed) else self._rank_nodes.get(rank, _UNKNOWN_NODE)
             out = self._out(node, rank, rank)
         if sync and self._sync is not None and not est and ev.get("step") is not None and rank is None:
-            self._sync.setdefault(stream.domain, {}).setdefault(("step", ev["step"]), []).append(ev["ts"])
+            self._sync.add(stream.domain, ev["step"], ev["ts"])
         try:
             body = _DUMPS(ev, option=_NL)
         except TypeError:

@@ -70,3 +70,44 @@ class TestClockAlignment:
                "b": {("step", s): [s * 10**8 + 250_000_000 + (80_000_000 if s % 10 == 0 else 0)] for s in range(40)}}
         off = estimate_offsets(pts)["b"]
         assert abs(off.offset_ms - 250.0) < 0.5 and off.points == 40
+
+
+class TestBoundedMoments:
+    """Memory for alignment must not grow with the log: each node keeps at most ``cap`` moments."""
+
+    def test_the_cap_holds_and_the_offset_is_still_exact(self):
+        from ingest._align import SyncMoments
+
+        moments = SyncMoments(cap=64)
+        for s in range(100_000):
+            moments.add("a", s, s * 10**8)
+            moments.add("b", s, s * 10**8 + 250_000_000)
+        assert all(len(keys) <= 64 for keys in moments.points.values())
+        off = estimate_offsets(moments.points)["b"]
+        assert abs(off.offset_ms - 250.0) < 1e-6 and off.points >= 32
+
+    def test_nodes_covering_different_parts_of_the_job_still_share_moments(self):
+        """Node a logged steps 0-99,999; node b only from step 70,000 (a late file): their kept steps overlap."""
+        from ingest._align import SyncMoments
+
+        moments = SyncMoments(cap=64)
+        for s in range(100_000):
+            moments.add("a", s, s * 10**8)
+            if s >= 70_000:
+                moments.add("b", s, s * 10**8 - 1_300_000_000)
+            moments.add("c", "not a step", 0)  # type: ignore[arg-type]
+        assert "c" not in moments.points
+        offsets = estimate_offsets(moments.points)
+        assert all(o.applied or o.note == "reference" for o in offsets.values())
+        assert abs(offsets["b"].offset_ms - offsets["a"].offset_ms + 1300.0) < 1e-6
+
+    def test_ingest_keeps_alignment_exact_with_a_small_cap(self, ingest_files, monkeypatch):
+        import ingest._align
+
+        monkeypatch.setattr(ingest._align.SyncMoments.__init__, "__defaults__", (8,))
+        summary, _ = ingest_files(node_logs(OFFSETS_MS, steps=200))
+        offsets = {o.domain: o for o in summary.clock_offsets}
+        ref = next(o.reference for o in offsets.values())
+        for node, truth in OFFSETS_MS.items():
+            assert abs(offsets[node].offset_ms - (truth - OFFSETS_MS[ref])) < 1.0
+            assert offsets[node].points <= 8
