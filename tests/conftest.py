@@ -13,6 +13,21 @@ pytest_plugins = ["tests.servers.fixtures"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _no_tracing_outlives_its_test():
+    """A test that failed before shutting its tracing down must not hand it to the next test.
+
+    ``init_tracing`` returns the live handle when one exists, so a leftover would send the
+    next test's events to the failed test's store and fail it too.
+    """
+    yield
+    import otel_instrumentation as oi
+
+    leftover = oi.get_tracing()
+    if leftover is not None:
+        leftover.shutdown(timeout_s=5)
+
+
 @pytest.fixture
 def tracing(tmp_path, monkeypatch):
     """A live ``init_tracing`` for this test, writing to a temporary store; shut down afterwards."""
