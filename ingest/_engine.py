@@ -943,17 +943,12 @@ def _hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = Fals
     return zip(lines, ids)
 
 
-def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
-    """``(line index, parser ids)`` of the lines that hits end in, in order."""
+def _hit_spans(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, int, frozenset[int]]]:
+    """``(start, stop, parser ids)`` of each line that hits end in, in order."""
     i, nh = 0, len(hits)
-    index = 0
-    pos = 0  # where the line numbered ``index`` starts
     while i < nh:
         end = hits[i][0]
         start = block.rfind(b"\n", 0, end) + 1  # the line that holds offset ``end``
-        if start > pos:
-            index += block.count(b"\n", pos, start)
-            pos = start
         stop = block.find(b"\n", end)
         if stop < 0:
             stop = len(block)
@@ -961,22 +956,20 @@ def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[in
         while i < nh and hits[i][0] <= stop:
             found.add(hits[i][1])
             i += 1
-        yield index, frozenset(found)
+        yield start, stop, frozenset(found)
+
+
+def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
+    """``(line index, parser ids)`` of the lines that hits end in, in order."""
+    index = pos = 0  # ``pos``: where the line numbered ``index`` starts
+    for start, _, found in _hit_spans(block, hits):
+        index += block.count(b"\n", pos, start)
+        pos = start
+        yield index, found
 
 
 def _only_hit_lines(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    i, nh = 0, len(hits)
-    while i < nh:
-        end = hits[i][0]
-        start = block.rfind(b"\n", 0, end) + 1
-        stop = block.find(b"\n", end)
-        if stop < 0:
-            stop = len(block)
-        ids: set[int] = set()
-        while i < nh and hits[i][0] <= stop:
-            ids.add(hits[i][1])
-            i += 1
-        yield block[start:stop], frozenset(ids)
+    return ((block[start:stop], found) for start, stop, found in _hit_spans(block, hits))
 
 
 _DEFAULT: ParserRegistry | None = None

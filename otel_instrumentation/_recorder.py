@@ -92,11 +92,7 @@ class Span:
 
     def __enter__(self) -> Span:
         rec = self._rec
-        try:
-            stack: list[Span] = rec._local.stack
-        except AttributeError:
-            stack = rec.stack()
-        self._stack = stack
+        self._stack = stack = rec.stack()
         self.parent_id = stack[-1].span_id if stack else rec.root_span_id
         self.span_id = getrandbits(64) or 1
         if self.step is None:

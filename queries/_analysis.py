@@ -67,14 +67,13 @@ def analyze(
     ranks = rows(
         con,
         f"""
-        WITH r AS (SELECT * FROM ranks),
-        s AS (
+        WITH s AS (
             SELECT rank, count(*) AS n, median(step_ns) AS step_ns, median(compute_ns) AS compute_ns,
                    median(coll_ns) AS coll_ns, median(data_ns) AS data_ns, median(idle_ns) AS idle_ns,
                    sum(coll_ns) / nullif(sum(step_ns), 0) AS comm_share
             FROM steps WHERE {warm} GROUP BY rank)
         SELECT r.*, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
-        FROM r LEFT JOIN s USING (rank) ORDER BY rank
+        FROM ranks r LEFT JOIN s USING (rank) ORDER BY rank
         """,
     )
     head = {

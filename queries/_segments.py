@@ -30,6 +30,7 @@ import glob
 import os
 import re
 from pathlib import Path
+from typing import Any, Mapping
 
 from jobtrace.events import COLUMNS
 
@@ -105,19 +106,25 @@ def compact(path: str | os.PathLike[str]) -> Path | None:
             return None  # an invalid line (its accounting needs the raw read) or the file changed meanwhile
         seg = src.with_name(_segment_name(src.name, before))
         build_tables(con)
-        outputs = {**{t: p for t, p in rollup_paths(seg).items()}, "events": seg}
-        for table, out in outputs.items():  # the segment last: readers key off it
-            tmp = out.with_name(out.name + ".tmp")
-            con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
-            os.replace(tmp, out)
-        con.close()
-        keep = set(outputs.values())
-        for old in src.parent.glob(f"{glob.escape(src.name)}.*.parquet"):
-            if old not in keep:
-                old.unlink(missing_ok=True)
+        # the segment last: readers key off it
+        _write_tables(con, {**rollup_paths(seg), "events": seg}, f"{glob.escape(src.name)}.*.parquet")
         return seg
     except Exception:  # noqa: BLE001 - a missing segment only costs the reader time
         return None
+
+
+def _write_tables(con: Any, outputs: Mapping[str, Path], stale: str) -> None:
+    """Write each table to its file (atomically, in order), close ``con``, then delete the
+    files matching the glob ``stale`` (next to the outputs) that were not just written."""
+    for table, out in outputs.items():
+        tmp = out.with_name(out.name + ".tmp")
+        con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+        os.replace(tmp, out)
+    con.close()
+    keep = set(outputs.values())
+    for old in next(iter(keep)).parent.glob(stale):
+        if old not in keep:
+            old.unlink(missing_ok=True)
 
 
 def refresh_rollup(segment: str | os.PathLike[str]) -> bool:
@@ -135,17 +142,8 @@ def refresh_rollup(segment: str | os.PathLike[str]) -> bool:
         con.execute("SET threads = 1")
         con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({literal(seg)})")
         build_tables(con)
-        keep = set()
-        for table, out in rollup_paths(seg).items():
-            tmp = out.with_name(out.name + ".tmp")
-            con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
-            os.replace(tmp, out)
-            keep.add(out)
-        con.close()
         stem = seg.name[: -len(".parquet")]
-        for old in seg.parent.glob(f"{glob.escape(stem)}.*-*.parquet"):
-            if old not in keep:
-                old.unlink(missing_ok=True)  # rollups of other versions
+        _write_tables(con, rollup_paths(seg), f"{glob.escape(stem)}.*-*.parquet")  # and drop other versions' rollups
         return True
     except Exception:  # noqa: BLE001 - the reader derives what is missing
         return False
