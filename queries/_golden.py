@@ -12,9 +12,12 @@ for memory, twice it for grad norm), an absolute floor per series (1 ms, 0.02 of
 32 MB, 0.1 of comm share) and three robust standard deviations of the step-to-step noise
 of the reference or of the new job, whichever is noisier. The new job is smoothed
 the same way; it **deviates** from the first step where it is above the band for at
-least ``golden_persist_steps`` steps in a row. Smoothing makes one long step invisible
-and puts the onset of a lasting change on the step it began. Only "worse" (higher) is
-reported: faster or lower-loss runs are not regressions.
+least ``golden_persist_steps`` steps in a row. Smoothing makes one long step invisible,
+but one noisy step next to a real change can pull the smoothed onset a step or two
+early, so the onset is then placed on the raw series: the step, within half a smoothing
+window of the smoothed onset, that best splits the raw values around it into a level
+before and a level after (least absolute deviation from each side's median). Only
+"worse" (higher) is reported: faster or lower-loss runs are not regressions.
 """
 
 from __future__ import annotations
@@ -143,6 +146,24 @@ def _noise(raw: list[float | None], smooth: list[float | None]) -> float:
     return 1.4826 * statistics.median(res) if res else 0.0
 
 
+def _onset(raw: list[float | None], start: int, end: int, half: int) -> int:
+    """The raw change point nearest the smoothed onset ``start`` (see the module docstring)."""
+    lo, hi = max(0, start - 2 * half - 1), min(len(raw), end + 1, start + 2 * half + 2)
+    best, best_cost = start, math.inf
+    for j in range(max(lo + 1, start - half), min(hi - 1, start + half) + 1):
+        before = [v for v in raw[lo:j] if v is not None]
+        after = [v for v in raw[j:hi] if v is not None]
+        if not before or not after:
+            continue
+        mb, ma = statistics.median(before), statistics.median(after)
+        if ma <= mb:
+            continue
+        cost = sum(abs(v - mb) for v in before) + sum(abs(v - ma) for v in after)
+        if cost < best_cost:
+            best, best_cost = j, cost
+    return best
+
+
 def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], cfg: AnalysisConfig,
                       profile: GoldenProfile | None = None) -> list[Finding]:
     """Findings for every series of ``job`` that leaves the references' band, from the step it left."""
@@ -190,6 +211,7 @@ def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], c
         end = start
         while end + 1 < len(above) and above[end + 1]:
             end += 1
+        start = _onset(new_raw, start, end, max(1, k) // 2)
         s0, s1 = common[start], common[end]
         got = statistics.median(v for v in new_s[start:end + 1] if v is not None)
         want = statistics.median(v for v in centre[start:end + 1] if v is not None)

@@ -11,6 +11,7 @@ from jobtrace.errors import QueryError
 from jobtrace.synth import SynthJob, write_job
 from queries import (
     AnalysisConfig,
+    GoldenProfile,
     add_flight_recorder,
     analyze,
     compare_to_golden,
@@ -264,3 +265,23 @@ class TestGolden:
 def _written(tmp_path, job):
     write_job(tmp_path, job)
     return tmp_path, job.job_id
+
+
+def test_golden_onset_is_the_raw_change_point_when_a_noisy_step_precedes_it():
+    """One slow step just before a lasting 50x change drags the smoothed onset early; the
+    raw change point puts it back on the step the change began (a CI run once saw 7 for 8)."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE steps (rank INT, step INT, t1 BIGINT, span_id VARCHAR)")
+    con.execute("CREATE TABLE mets (rank INT, step INT, ts BIGINT, span_id VARCHAR)")
+    job = type("Job", (), {"con": con, "job_id": "new"})()
+    steps = list(range(30))
+    base = [10.0 + (s % 3) * 0.5 for s in steps]
+    ref = GoldenProfile("ref", "ref", steps, {"backward_ms": base})
+    for noisy, change in ((7, 8), (12, 14), (13, 14)):
+        new = [v if s < change else 500.0 + s for s, v in zip(steps, base)]
+        new[noisy] = 40.0  # above the band (10 + 2 x 10) but far below the new level
+        out = compare_to_golden(job, ref, AnalysisConfig(golden_tolerance=2.0), GoldenProfile("new", "new", steps,
+                                                                                              {"backward_ms": new}))
+        assert [(f.details["metric"], f.details["start_step"]) for f in out] == [("backward_ms", change)]
