@@ -86,17 +86,10 @@ class _SharedSink:
 
 
 def _network(kind: str, job: str, data_dir: str | os.PathLike[str], url: str | None) -> SinkFactory:
-    from shippers._registry import ProcessInfo
+    from shippers._registry import ProcessInfo, open_shipper
 
     info = ProcessInfo(job, "ingest", 0, os.getpid(), job_dir(data_dir, job) / ".spool" / f"ingest-{os.getpid()}")
-    if kind == "loki":
-        from shippers._loki import LokiShipper
-
-        sink: Sink = LokiShipper.from_env(info, url=url)
-    else:
-        from shippers._elasticsearch import ElasticsearchShipper
-
-        sink = ElasticsearchShipper.from_env(info, url=url)
+    sink: Sink = open_shipper(kind, info, url)
     shared = _SharedSink(sink)
 
     def factory(node: str, rank: int) -> Sink:

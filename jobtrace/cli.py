@@ -156,20 +156,13 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     import os
     from pathlib import Path
 
-    from shippers._registry import ProcessInfo
+    from shippers._registry import ProcessInfo, open_shipper
 
     console = Console(stderr=True)
     path = Path(spool_dir)
     info = ProcessInfo("replay", "replay", 0, os.getpid(), path.parent, spool_override=path)
     try:
-        if to == "loki":
-            from shippers._loki import LokiShipper
-
-            shipper: Any = LokiShipper.from_env(info, url=url)
-        else:
-            from shippers._elasticsearch import ElasticsearchShipper
-
-            shipper = ElasticsearchShipper.from_env(info, url=url)
+        shipper = open_shipper(to, info, url)
     except (JobtraceError, RuntimeError) as exc:
         _fail(console, exc)
         return
@@ -180,6 +173,51 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     console.print(f"replayed {pending} bytes: {stats.sent} events accepted, {stats.rejected} refused "
                   f"(dead-letter: {shipper.dead_letter.path}), {stats.spooled_bytes} bytes left")
     sys.exit(EXIT_HEALTHY if done else EXIT_PROBLEM)
+
+
+@main.command(name="export")
+@click.argument("job_id")
+@click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="Where to send the job.")
+@click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Stop after this many seconds; what the server has not taken is reported (a rerun is safe).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:
+    """Send JOB_ID from the embedded store to Loki or Elasticsearch/OpenSearch (credentials from the environment).
+
+    Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 3 error.
+    """
+    import orjson
+    from rich.progress import Progress
+
+    from shippers import export_job
+
+    console = Console(stderr=True)
+    try:
+        with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
+            task = bar.add_task(f"export {job_id}", total=None)
+            summary = export_job(data_dir, job_id, to, url=url, timeout_s=timeout_s,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except (JobtraceError, RuntimeError) as exc:
+        _fail(console, exc)
+        return
+    if as_json:
+        click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        s = summary
+        console.print(f"exported {s.job} to {s.backend}: {s.files} files ({s.from_segments} rebuilt from segments), "
+                      f"{s.lines} lines, {s.sent} accepted, {s.refused} refused, {s.torn} torn lines skipped "
+                      f"in {s.seconds:.1f}s", highlight=False)
+        if s.refused:
+            console.print(f"refused lines are kept in {s.dead_letter}", highlight=False)
+        if s.left_bytes:
+            console.print(f"{s.left_bytes} bytes not yet accepted: jobtrace replay {s.spool} --to {s.backend}",
+                          highlight=False)
+        if s.unread_files:
+            console.print(f"{len(s.unread_files)} files not sent before the timeout; run the export again "
+                          "(Elasticsearch and Loki keep one copy of a line sent twice)", highlight=False)
+    sys.exit(EXIT_HEALTHY if summary.complete else EXIT_PROBLEM)
 
 
 @main.command()

@@ -24,12 +24,19 @@ import math
 import threading
 import traceback
 from random import getrandbits
+from threading import get_ident
 from time import time_ns
 from typing import Any, Callable, Mapping
 
 import orjson
 
-from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines, json_default
+from jobtrace.events import (
+    SCHEMA_VERSION,
+    Kind,
+    SpanCategory,
+    encode_lines,
+    json_default,
+)
 
 from ._identity import Identity
 
@@ -167,6 +174,9 @@ class Recorder:
         return Span(self, name, cat, step, attrs or None)
 
     def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
+        # The hottest path of all (every logging call of the process): one thread-id
+        # check picks the main thread's stack and progress clock, and the common record
+        # (immutable arguments, no exception) goes straight to the queue.
         msg, args = record.msg, record.args
         if args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args))):
             # Format now only when an argument could change before the export thread runs.
@@ -178,11 +188,14 @@ class Recorder:
         exc = record.exc_text
         if record.exc_info and record.exc_info[0] is not None and not exc:
             exc = "".join(traceback.format_exception(*record.exc_info))  # rare: an exception is logged
-        stack = self.stack()
-        sid = stack[-1].span_id if stack else self.root_span_id
-        self.emit((_LOG, record.created, record.levelname, record.name, msg, args, exc, sid, self.step))
-        if progress and threading.get_ident() == self._main_ident:
-            self.last_progress_ns = time_ns()
+        if get_ident() == self._main_ident:
+            stack = self.main_stack
+            if progress:
+                self.last_progress_ns = time_ns()
+        else:
+            stack = self.stack()
+        self.emit((_LOG, record.created, record.levelname, record.name, msg, args, exc,
+                   stack[-1].span_id if stack else self.root_span_id, self.step))
 
     def metrics(self, step: int | None, values: Mapping[str, Any]) -> None:
         clean = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in values.items()}

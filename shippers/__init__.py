@@ -3,12 +3,15 @@
 The embedded store (:class:`LocalStoreSink`) is the default sink. Network shippers
 are a :class:`SpoolingSender` (disk spool, retry policy, dead-letter file, one
 sender thread) around a backend-specific :class:`Encoder` and a :class:`Transport`.
+:func:`export_job` sends a job already in the embedded store through the same shippers.
 """
 
 from __future__ import annotations
 
 from ._batch import BatchWorker, Sink, WorkerStats
+from ._export import ExportSummary, export_job
 from ._local import LocalStoreSink, job_dir
+from ._registry import open_shipper
 from ._sender import Encoder, Outcome, SenderStats, SpoolingSender
 from ._spool import Batch, DeadLetter, Spool
 from ._transport import (
@@ -26,6 +29,7 @@ __all__ = [
     "BatchWorker",
     "DeadLetter",
     "Encoder",
+    "ExportSummary",
     "HttpConfig",
     "InMemoryTransport",
     "LocalStoreSink",
@@ -40,5 +44,7 @@ __all__ = [
     "SpoolingSender",
     "Transport",
     "WorkerStats",
+    "export_job",
     "job_dir",
+    "open_shipper",
 ]

@@ -14,9 +14,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._batch import Sink
+from jobtrace.errors import ConfigError
 
-__all__ = ["ProcessInfo", "network_sinks_from_env"]
+from ._batch import Sink
+from ._sender import SpoolingSender
+
+__all__ = ["NETWORK_BACKENDS", "ProcessInfo", "network_sinks_from_env", "open_shipper"]
+
+NETWORK_BACKENDS = ("loki", "elasticsearch")
 
 
 @dataclass(frozen=True)
@@ -34,17 +39,26 @@ class ProcessInfo:
         return self.spool_override or self.spool_root / f"{backend}-r{self.rank}"
 
 
-def network_sinks_from_env(info: ProcessInfo) -> list[Sink]:
-    sinks: list[Sink] = []
-    if os.environ.get("JOBTRACE_LOKI_URL"):
+def open_shipper(backend: str, info: ProcessInfo, url: str | None = None) -> SpoolingSender:
+    """The shipper for ``backend`` (``loki`` or ``elasticsearch``), configured from the environment.
+
+    ``url`` overrides ``JOBTRACE_LOKI_URL`` / ``JOBTRACE_ES_URL``; credentials and TLS
+    still come from the environment only, so they never appear on a command line.
+    """
+    if backend == "loki":
         from ._loki import LokiShipper
 
-        sinks.append(LokiShipper.from_env(info))
-    if os.environ.get("JOBTRACE_ES_URL"):
+        return LokiShipper.from_env(info, url=url)
+    if backend == "elasticsearch":
         from ._elasticsearch import ElasticsearchShipper
 
-        sinks.append(ElasticsearchShipper.from_env(info))
-    return sinks
+        return ElasticsearchShipper.from_env(info, url=url)
+    raise ConfigError(f"unknown backend {backend!r}; expected one of {', '.join(NETWORK_BACKENDS)}")
+
+
+def network_sinks_from_env(info: ProcessInfo) -> list[Sink]:
+    env = {"loki": "JOBTRACE_LOKI_URL", "elasticsearch": "JOBTRACE_ES_URL"}
+    return [open_shipper(backend, info) for backend in NETWORK_BACKENDS if os.environ.get(env[backend])]
 
 
 def local_store_enabled() -> bool:

@@ -1,0 +1,169 @@
+"""Export: a job already in the embedded store, sent to Loki or Elasticsearch/OpenSearch.
+
+Why this exists: the embedded store is the default (a job needs no server to be traced),
+and the wish to see a job in Grafana Explore or Kibana often comes afterwards. The job
+is sent with the same shippers as a live job (batching, retries, spool, dead letter), so
+the server ends up with exactly what live shipping would have given it.
+
+* Each rank's JSON-lines file is the durable record and is sent as it is, in order. A
+  torn last line (a rank killed mid-write) is skipped and counted, as readers do.
+* A rank whose JSON lines were pruned (short raw retention) but whose columnar segment
+  remains is rebuilt from the segment: every canonical key has its own typed column.
+* Reading waits while more than ``max_spool_bytes`` are spooled and unsent, so a large
+  job never doubles its size on disk and a dead server stops the export early. What is
+  not accepted by the deadline is reported; sending again is safe, since Elasticsearch
+  documents take their id from the line's hash and Loki drops exact duplicates.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Generator
+
+import orjson
+
+from jobtrace.errors import JobNotFound
+
+from ._local import job_dir
+from ._registry import ProcessInfo, open_shipper
+
+__all__ = ["ExportSummary", "export_job"]
+
+_CHUNK = 4 << 20
+_JSON_COLUMNS = ("attrs", "metrics")
+
+
+@dataclass
+class ExportSummary:
+    """What an export did; ``complete`` is what a script should check."""
+
+    job: str
+    backend: str
+    files: int = 0
+    from_segments: int = 0
+    lines: int = 0
+    """Lines handed to the shipper (read from files or rebuilt from segments)."""
+    sent: int = 0
+    refused: int = 0
+    """Lines the server refused for good (kept in the dead-letter file)."""
+    torn: int = 0
+    """Torn last lines skipped (a rank killed mid-write)."""
+    unread_files: list[str] = field(default_factory=list)
+    """Files not read because the deadline passed while the server was not taking lines."""
+    left_bytes: int = 0
+    """Spooled bytes the server had not accepted when the export ended (``jobtrace replay`` sends them)."""
+    spool: str = ""
+    dead_letter: str = ""
+    seconds: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return not self.unread_files and self.left_bytes == 0 and self.refused == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "complete": self.complete}
+
+
+def _sources(directory: Path) -> list[tuple[Path, bool]]:
+    """(path, is_segment): every JSON-lines file, plus the segment of each file that was pruned."""
+    from queries._segments import SEGMENT_RE
+
+    lines = sorted(directory.glob("*.jsonl"))
+    names = {p.name for p in lines}
+    orphans: dict[str, Path] = {}
+    for seg in sorted(directory.glob("*.jsonl.*.parquet")):
+        m = SEGMENT_RE.match(seg.name)
+        if m and m["source"] not in names:
+            orphans[m["source"]] = seg  # a file rewritten before pruning: its last segment sorts last
+    return [(p, False) for p in lines] + [(p, True) for p in sorted(orphans.values())]
+
+
+def _file_lines(path: Path, summary: ExportSummary) -> Generator[list[bytes], None, None]:
+    """Complete lines of ``path`` in batches; a torn last line is counted, not sent."""
+    rest = b""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            parts = (rest + chunk).split(b"\n")
+            rest = parts.pop()
+            yield [p + b"\n" for p in parts if p]
+    if rest:
+        summary.torn += 1
+
+
+def _segment_lines(path: Path, batch: int = 20_000) -> Generator[list[bytes], None, None]:
+    """Canonical lines rebuilt from a segment's typed columns (NULL columns are absent keys)."""
+    import duckdb
+
+    from jobtrace.events import encode_lines
+
+    con = duckdb.connect()
+    try:
+        cur = con.execute("SELECT * FROM read_parquet(?)", [str(path)])
+        names = [d[0] for d in cur.description]
+        while rows := cur.fetchmany(batch):
+            dicts = []
+            for row in rows:
+                d = {k: v for k, v in zip(names, row) if v is not None}
+                for k in _JSON_COLUMNS:
+                    if isinstance(d.get(k), str):
+                        d[k] = orjson.loads(d[k])
+                dicts.append(d)
+            yield encode_lines(dicts)
+    finally:
+        con.close()
+
+
+def _room(shipper: Any, max_spool_bytes: int, deadline: float) -> bool:
+    """Wait until the spool holds at most ``max_spool_bytes`` unsent; False when the deadline came first."""
+    while shipper.spool.pending_bytes() > max_spool_bytes:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return time.monotonic() <= deadline
+
+
+def export_job(data_dir: str | os.PathLike[str], job_id: str, backend: str, *, url: str | None = None,
+               timeout_s: float = 600.0, max_spool_bytes: int = 256 << 20,
+               progress: Callable[[int, int], None] | None = None) -> ExportSummary:
+    """Send every event of ``job_id`` in the embedded store to ``backend``, then wait for it to be accepted.
+
+    ``progress(done, total)`` is called with the number of source files done. Raises
+    :class:`JobNotFound` when the store has no such job and :class:`ConfigError` for a
+    backend that is not configured.
+    """
+    directory = job_dir(data_dir, job_id)
+    sources = _sources(directory) if directory.is_dir() else []
+    if not sources:
+        raise JobNotFound(f"no job {job_id!r} in the embedded store at {data_dir}")
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    info = ProcessInfo(job_id, "export", 0, os.getpid(), directory / ".spool" / f"export-{os.getpid()}")
+    shipper = open_shipper(backend, info, url)
+    summary = ExportSummary(job_id, backend, spool=str(shipper.spool.dir), dead_letter=str(shipper.dead_letter.path))
+    try:
+        for i, (path, is_segment) in enumerate(sources):
+            batches = _segment_lines(path) if is_segment else _file_lines(path, summary)
+            done = _room(shipper, max_spool_bytes, deadline)
+            while done and (lines := next(batches, None)) is not None:
+                shipper.write(lines)
+                summary.lines += len(lines)
+                done = _room(shipper, max_spool_bytes, deadline)
+            batches.close()
+            if not done:  # the server is not taking lines: stop; a rerun sends these files in full
+                summary.unread_files = [str(p) for p, _ in sources[i:]]
+                break
+            summary.files += 1
+            summary.from_segments += is_segment
+            if progress:
+                progress(i + 1, len(sources))
+        shipper.wait_idle(max(0.0, deadline - time.monotonic()))
+    finally:
+        shipper.shutdown_timeout_s = min(shipper.shutdown_timeout_s, max(0.0, deadline - time.monotonic()))
+        shipper.close()
+    summary.sent, summary.refused = shipper.stats.sent, shipper.stats.rejected
+    summary.left_bytes = shipper.stats.spooled_bytes
+    summary.seconds = round(time.monotonic() - t0, 3)
+    return summary
