@@ -96,13 +96,14 @@ print(json.dumps({"call_us": wall / N * 1e6, "thread_us": THREAD["us"], "cpu_us"
 """,
     "jobtrace": """
 import otel_instrumentation as oi
+log.propagate = True  # before init: a non-propagating logger gets the handler of its own
 t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), torch=False, console=False)
-log.propagate = True
+exported0 = t.worker.stats.exported + t.worker.queued
 wall, cpu0 = measure(records)
 t.force_flush(60)
 cpu = time.process_time() - cpu0
 t.shutdown()
-assert t.worker.stats.exported >= N, t.worker.stats
+assert N <= t.worker.stats.exported - exported0 < N + 50, (t.worker.stats, "each record must be exported once")
 print(json.dumps({"call_us": wall / N * 1e6, "thread_us": THREAD["us"], "cpu_us": cpu / N * 1e6, "spilled": t.worker.stats.spilled}))
 """,
     "spans": """
@@ -228,8 +229,13 @@ def median_of(name: str, n: int, repeat: int, **fmt: object) -> dict[str, float]
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
-def demo_job_step_us(trace: bool, ranks: int = 4, steps: int = 300) -> float:
-    """Median step time (µs, median over ranks) of the real demo job under torchrun, traced or not."""
+def demo_job_step_us(trace: bool, ranks: int = 4, steps: int = 300) -> tuple[float, float]:
+    """Median step time and process CPU per step (µs, medians over ranks) of the real demo job, traced or not.
+
+    The CPU figure (every thread of the rank, export included) is what tracing costs; the
+    wall figure is what a user sees, and with 4 ranks on 2 cores it swings by ±10 % from
+    run to run whatever the tracing does.
+    """
     import os
     import re
     import tempfile
@@ -241,10 +247,10 @@ def demo_job_step_us(trace: bool, ranks: int = 4, steps: int = 300) -> float:
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                           "-m", "jobtrace.demo.train", f"--steps={steps}"], env=env, capture_output=True, text=True,
                          timeout=600)
-    values = [float(v) for v in re.findall(r"DEMO_STEP_MEDIAN_US rank=\d+ ([\d.]+)", out.stdout + out.stderr)]
-    if len(values) != ranks:
+    found = re.findall(r"DEMO_STEP_MEDIAN_US rank=\d+ ([\d.]+) cpu ([\d.]+)", out.stdout + out.stderr)
+    if len(found) != ranks:
         raise SystemExit(f"demo job failed:\n{out.stderr[-3000:]}")
-    return statistics.median(values)
+    return statistics.median(float(w) for w, _ in found), statistics.median(float(c) for _, c in found)
 
 
 def main() -> None:
@@ -261,10 +267,11 @@ def main() -> None:
     demo_sized = run_case("demo_step", n, hidden=1024, blocks=16, block_steps=30)
     # The real demo job, alternating plain/traced runs so machine noise hits both alike.
     job_plain, job_traced = [], []
-    for _ in range(rep):
-        job_plain.append(demo_job_step_us(False))
-        job_traced.append(demo_job_step_us(True))
-    jp, jt = statistics.median(job_plain), statistics.median(job_traced)
+    for i in range(rep):
+        for traced in ((False, True) if i % 2 == 0 else (True, False)):
+            (job_traced if traced else job_plain).append(demo_job_step_us(traced))
+    jp, jt = (statistics.median(w for w, _ in job_plain), statistics.median(w for w, _ in job_traced))
+    cp, ct = (statistics.median(c for _, c in job_plain), statistics.median(c for _, c in job_traced))
 
     floor = res["null"]["thread_us"]
     print(f"records per run: {n}, runs per case: {rep} (medians)\n")
@@ -286,9 +293,11 @@ def main() -> None:
               f"{r['slowdown_pct']:+.2f} % (interquartile {r['q1']:+.2f} .. {r['q3']:+.2f} % over interleaved block pairs;"
               f" process CPU, all threads, export included); per step +{r['thread_extra_us']:.0f} µs on the training"
               f" thread, +{r['cpu_extra_us']:.0f} µs in all")
-    job_slow = (jt - jp) / jp * 100
-    print(f"demo job step (4 ranks)     {jp:8.1f} µs plain, {jt:.1f} µs traced: {job_slow:+.2f} %  "
-          f"(runs: plain {[round(x) for x in job_plain]}, traced {[round(x) for x in job_traced]})")
+    job_slow, job_cpu = (jt - jp) / jp * 100, (ct - cp) / cp * 100
+    print(f"demo job step (4 ranks)     {jp:8.1f} µs plain, {jt:.1f} µs traced: {job_slow:+.2f} % wall  "
+          f"(runs: plain {[round(w) for w, _ in job_plain]}, traced {[round(w) for w, _ in job_traced]})")
+    print(f"demo job CPU per step       {cp:8.1f} µs plain, {ct:.1f} µs traced: {job_cpu:+.2f} % (+{ct - cp:.0f} µs; "
+          f"process CPU of a rank, export included)")
     print()
     goals = [
         ("calling thread ≤ 1.5x NullHandler floor", res["jobtrace"]["thread_us"] <= 1.5 * floor),
@@ -298,7 +307,8 @@ def main() -> None:
         ("step span < 20 µs", spans["step_span_us"] < 20),
         ("collective record < 5 µs", coll["record_us"] < 5),
         ("1-process step (larger) slowed < 1 %", demo_sized["slowdown_pct"] < 1),
-        ("demo job step slowed < 1 %", job_slow < 1),
+        ("demo job step slowed < 1 % (wall)", job_slow < 1),
+        ("demo job step costs < 1 % more CPU", job_cpu < 1),
     ]
     for goal, ok in goals:
         print(f"  [{'met' if ok else 'NOT met'}] {goal}")

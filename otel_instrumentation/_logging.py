@@ -84,12 +84,21 @@ class TraceContextFormatter(logging.Formatter):
 
 
 def attach_to_loggers(handler: logging.Handler) -> int:
-    """Attach ``handler`` to every existing non-propagating logger; returns how many were added."""
+    """Attach ``handler`` to every non-propagating logger; returns how many were added.
+
+    A logger that propagates again (a library flipped ``propagate`` back) loses the
+    handler, or every record it logs would reach it twice: there and at the root.
+    """
     added = 0
     for logger in list(logging.root.manager.loggerDict.values()):
-        if isinstance(logger, logging.Logger) and not logger.propagate and handler not in logger.handlers:
-            logger.handlers.insert(0, handler)
-            added += 1
+        if not isinstance(logger, logging.Logger):
+            continue
+        if not logger.propagate:
+            if handler not in logger.handlers:
+                logger.handlers.insert(0, handler)
+                added += 1
+        elif handler in logger.handlers and handler in logging.root.handlers:
+            logger.removeHandler(handler)
     return added
 
 

@@ -81,6 +81,19 @@ class TestLogsAndSpans:
         msgs = [e["msg"] for e in events_of(tracing, tmp_path, "log")]
         assert "ds message" in msgs
 
+    def test_a_logger_that_propagates_again_is_captured_once(self, tracing, tmp_path):
+        """A library that turns propagation back on must not have its records stored twice."""
+        lib = logging.getLogger("fake_transformers")
+        lib.propagate = False
+        lib.setLevel(logging.INFO)
+        time.sleep(0.5)  # the heartbeat attaches the handler to the non-propagating logger
+        assert tracing.handler in lib.handlers
+        lib.propagate = True
+        time.sleep(0.5)  # ... and takes it off again once the logger propagates to the root
+        lib.info("once")
+        msgs = [e["msg"] for e in events_of(tracing, tmp_path, "log")]
+        assert msgs.count("once") == 1
+
     def test_metrics_keep_nan_and_convert_tensors_like(self, tracing, tmp_path):
         class Scalar:
             def item(self):
