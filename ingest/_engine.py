@@ -205,7 +205,7 @@ class Ingestor:
         self._plain = PlainLines(self._tz)
         for p in self._parsers:
             if hasattr(p, "tz"):
-                p.tz = self._tz  # type: ignore[attr-defined]
+                p.tz = self._tz
         triggers = [tuple(p.triggers) for p in self._parsers]
         self._matcher: Matcher = make_matcher(triggers, config.use_hyperscan)
         sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]

@@ -139,7 +139,7 @@ def _zstd_reader(raw: BinaryIO, name: str) -> BinaryIO:
         import zstandard
     except ImportError:
         raise ConfigError(f"{name} is zstd-compressed: pip install zstandard (jobtrace[ingest]) to read it") from None
-    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[no-any-return]
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
 
 
 def _walk(directory: str) -> list[str]:

@@ -309,8 +309,8 @@ class HeadParser:
         if kind == "epoch":
             raw = g["epoch"] or ""
             if "." in raw:
-                sec, frac = raw.split(".", 1)
-                return int(sec) * 1_000_000_000 + _frac_ns(frac), True
+                sec, sec_frac = raw.split(".", 1)
+                return int(sec) * 1_000_000_000 + _frac_ns(sec_frac), True
             if len(raw) == 10:
                 return int(raw) * 1_000_000_000, True
             if len(raw) == 13:

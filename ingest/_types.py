@@ -103,7 +103,9 @@ class Line:
 
 class Parser(Protocol):
     name: str
-    triggers: Sequence[str]
+
+    @property
+    def triggers(self) -> Sequence[str]: ...  # read-only: parsers keep them in a class-level tuple
 
     def parse(self, line: Line) -> list[PartialEvent] | Block | Skip | None: ...
 

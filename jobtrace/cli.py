@@ -35,7 +35,7 @@ def _analysis_options(f: Any) -> Any:
 
 def _view_options(f: Any) -> Any:
     """Flight Recorder input, golden runs, backend links and the timeline views (see queries._trace)."""
-    for name, kw in [
+    options: list[tuple[str, dict[str, Any]]] = [
         ("--flight-recorder", dict(multiple=True, type=click.Path(exists=True),
                                    help="PyTorch Flight Recorder dump file or folder (repeatable).")),
         ("--compare-to", dict(multiple=True, help="Compare with this golden run (repeatable; see `jobtrace golden`).")),
@@ -46,7 +46,8 @@ def _view_options(f: Any) -> Any:
         ("--grafana-datasource", dict(envvar="JOBTRACE_GRAFANA_DATASOURCE", default=None, help="Loki data source uid.")),
         ("--kibana-url", dict(envvar="JOBTRACE_KIBANA_URL", default=None, help="Link findings to Kibana Discover.")),
         ("--kibana-data-view", dict(envvar="JOBTRACE_KIBANA_DATA_VIEW", default=None, help="Kibana data view id.")),
-    ]:
+    ]
+    for name, kw in options:
         f = click.option(name, **kw)(f)
     return f
 

@@ -104,9 +104,9 @@ def resolve_identity(
     """Resolve this process's identity from arguments and the launcher's environment."""
     env = os.environ if env is None else env
     warnings: list[str] = []
-    found: dict[str, tuple[object, str]] = {}
+    found: dict[str, tuple[int | str, str]] = {}  # key: (value, where it came from)
 
-    def take(key: str, value: object, source: str) -> None:
+    def take(key: str, value: int | str | None, source: str) -> None:
         if value is None:
             return
         if key not in found:
@@ -135,9 +135,9 @@ def resolve_identity(
         take("local_rank", _int(env, local_var), source)
         take("world_size", src_world, source)
 
-    r = int(found.get("rank", (0, ""))[0])  # type: ignore[call-overload]
-    w = int(found.get("world_size", (1, ""))[0])  # type: ignore[call-overload]
-    lr = int(found.get("local_rank", (r if w == 1 else 0, ""))[0])  # type: ignore[call-overload]
+    r = int(found.get("rank", (0, ""))[0])
+    w = int(found.get("world_size", (1, ""))[0])
+    lr = int(found.get("local_rank", (r if w == 1 else 0, ""))[0])
     if "local_rank" not in found and w > 1:
         warnings.append("local rank not given by any launcher variable; assuming 0")
     if w < 1:

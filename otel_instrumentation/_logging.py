@@ -33,7 +33,7 @@ class JobtraceHandler(logging.Handler):
         super().__init__(level)
         self._log_record = recorder.log_record
 
-    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+    def handle(self, record: logging.LogRecord) -> bool:
         if self.filters and not self.filter(record):
             return False
         if record.name.startswith("jobtrace.export"):

@@ -183,8 +183,8 @@ class Recorder:
             # Exact type checks: isinstance against typing/abc classes costs microseconds.
             try:
                 msg, args = record.getMessage(), None
-            except Exception:  # noqa: BLE001 - the export thread reports the bad format
-                args = repr(args)
+            except Exception as exc_:  # noqa: BLE001 - written as the export thread writes a bad format
+                msg, args = f"{str(msg)!r} % {args!r} (format error: {exc_})", None
         exc = record.exc_text
         if record.exc_info and record.exc_info[0] is not None and not exc:
             exc = "".join(traceback.format_exception(*record.exc_info))  # rare: an exception is logged

@@ -11,6 +11,7 @@ goes on: a tracing tool must never be the reason a job dies.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import logging
 import os
@@ -99,7 +100,7 @@ class Tracing:
         self.heartbeat_s = heartbeat_s
         self.stall_dump_s = stall_dump_s
         self._closed = False
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[Callable[[], object]] = []  # what an undo returns is ignored
         if identity.parent_span_id is None:
             # One root span id per job, the same on every rank, so all step spans share a parent.
             root = hashlib.sha256(b"jobtrace-root:" + identity.job_id.encode()).hexdigest()[:16]
@@ -175,7 +176,7 @@ class Tracing:
             for h in root.handlers:
                 if h.level == logging.NOTSET:
                     h.setLevel(old_level or logging.WARNING)
-                    self._undo.append(lambda h=h: h.setLevel(logging.NOTSET))
+                    self._undo.append(functools.partial(h.setLevel, logging.NOTSET))
             root.setLevel(level)
             self._undo.append(lambda: root.setLevel(old_level))
         changed = install_console(self.recorder, console)

@@ -20,6 +20,7 @@ import functools
 import os
 from random import getrandbits
 from time import time_ns
+from types import ModuleType
 from typing import Any, Callable
 
 from jobtrace.events import COLLECTIVE_OPS, SpanCategory
@@ -132,6 +133,7 @@ def uninstrument_torch() -> None:
 
 def memory_hook(rec: Recorder) -> Callable[[int | None], None]:
     """A step-end hook recording CUDA memory counters (when initialised) and host RSS."""
+    cuda: ModuleType | None
     try:
         import torch
 

@@ -82,7 +82,8 @@ def read_flight_recorder(paths: Iterable[str | os.PathLike[str]]) -> list[tuple[
         except (pickle.UnpicklingError, ValueError, EOFError, orjson.JSONDecodeError) as exc:
             raise QueryError(f"{f} is not a readable flight recorder dump: {exc}") from exc
         m = _TRAILING_RANK.search(f.name)
-        rank = int(dump.get("rank", m.group(1) if m else -1))
+        rank_in_name = int(m.group(1)) if m else -1
+        rank = int(dump.get("rank", rank_in_name))
         dumps.append((rank, dump, f.stat().st_mtime_ns))
     if not dumps:
         raise QueryError("no flight recorder dumps found")

@@ -28,7 +28,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import orjson
 
@@ -217,7 +217,7 @@ def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], c
         want = statistics.median(v for v in centre[start:end + 1] if v is not None)
         band = statistics.median(u for u in upper[start:end + 1] if u is not None)
         ratio = got / want if want else float("inf")
-        fmt = (lambda x: f"{x:.1f} {unit}".strip()) if unit else (lambda x: f"{x:.4g}")
+        fmt: Callable[[float], str] = (lambda x: f"{x:.1f} {unit}".strip()) if unit else (lambda x: f"{x:.4g}")
         f = Finding(
             "golden_deviation", "warning",
             f"{name} deviates from golden run{'s' if len(refs) > 1 else ''} {names} from step {s0}: {fmt(got)} vs "

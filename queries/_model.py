@@ -209,7 +209,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["healthy"] = self.healthy
-        return _finite(d)
+        return {k: _finite(v) for k, v in d.items()}
 
 
 def _finite(obj: Any) -> Any:

@@ -160,9 +160,9 @@ def _job_files(directory: Path) -> _Files:
     # A rank that restarted has a file per life; its per-step rows must be derived over all of them.
     lives = Counter(m[1] for n in [*names, *orphans] if (m := _RANK_IN_NAME.search(n)))
     for path in jsonl:
-        seg = segment_for(path)
-        if seg:
-            files.add_segment(seg, _one_life(path.name, lives))
+        segment = segment_for(path)
+        if segment:
+            files.add_segment(segment, _one_life(path.name, lives))
         else:
             files.lines.append(str(path))
     for source, seg in orphans.items():

@@ -101,11 +101,11 @@ def analyze_stragglers(
         by_rank[r["rank"]].score = round(fastest / r["compute_ns"], 3) if r["compute_ns"] else 1.0
 
     per_rank_win = _windows(con, cfg, warm, w)
-    for r, wr in per_rank_win.items():
-        if r in by_rank:
-            by_rank[r].individual_score = None if wr["ind_last"] is None else round(wr["ind_last"], 3)
-            by_rank[r].slow_windows = int(wr["nf"] or 0)
-            by_rank[r].windows = int(wr["nw"] or 0)
+    for rank, rw in per_rank_win.items():
+        if rank in by_rank:
+            by_rank[rank].individual_score = None if rw["ind_last"] is None else round(rw["ind_last"], 3)
+            by_rank[rank].slow_windows = int(rw["nf"] or 0)
+            by_rank[rank].windows = int(rw["nw"] or 0)
     chronic: list[dict[str, Any]] = []
     episodic: list[dict[str, Any]] = []
     for r in timed:
@@ -257,7 +257,7 @@ def _chronic(con: Any, cfg: AnalysisConfig, slow: list[dict[str, Any]], timed: l
             f"{coll_self / 1e6:.1f} ms on {'these ranks' if len(members) > 1 else 'this rank'})"
             if op and other_coll > coll_self else ""
         )
-        scores = [by_rank[i].score for i in member_ids if by_rank[i].score is not None]
+        scores = [s for s in (by_rank[i].score for i in member_ids) if s is not None]
         score = min(scores) if scores else None
         if onset:
             score = round(min(r["_w"]["score_flagged"] for r in members), 3)

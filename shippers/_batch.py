@@ -19,6 +19,7 @@ Constraints that shape it:
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
@@ -142,7 +143,7 @@ class BatchWorker(Generic[T]):
 
     def _write(self, lines: list[bytes]) -> None:
         for sink in self._sinks:
-            self._guard(sink, "write", lambda s=sink: s.write(lines))
+            self._guard(sink, "write", functools.partial(sink.write, lines))
         self.stats.exported += len(lines)
 
     def _drain_spill(self) -> None:

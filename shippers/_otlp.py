@@ -25,6 +25,7 @@ _SPAN_MARK = b'"kind":"span"'
 
 class OtlpSpanSink:
     def __init__(self, resource: Any, endpoint: str | None = None, *, exporter: Any = None) -> None:
+        from opentelemetry.sdk.trace import SpanProcessor
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         if exporter is None:
@@ -35,7 +36,7 @@ class OtlpSpanSink:
                 url = os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
             exporter = OTLPSpanExporter(endpoint=url)
         self._resource = resource
-        self._processor = BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
+        self._processor: SpanProcessor = BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
         self.converted = 0
 
     def write(self, lines: Sequence[bytes]) -> None:

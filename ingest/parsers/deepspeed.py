@@ -75,9 +75,10 @@ class DeepSpeedParser:
             return self._timers(line, state, t.group(1), route)
         m = _THROUGHPUT.search(text)
         if m:
-            metrics = {"epoch": float(m.group(1)), "micro_step": float(m.group(2)),
-                       "avg_samples_per_s": metric_value(number(m.group(4))),
-                       "samples_per_s": metric_value(number(m.group(5)))}
+            metrics: dict[str, float | str | None] = {
+                "epoch": float(m.group(1)), "micro_step": float(m.group(2)),
+                "avg_samples_per_s": metric_value(number(m.group(4))),
+                "samples_per_s": metric_value(number(m.group(5)))}
             if m.group(6):
                 metrics["mem_allocated_gb"] = number(m.group(6))  # [\d.]+ admits "1.2.3": None, not a raise
                 metrics["max_mem_allocated_gb"] = number(m.group(7))
@@ -85,7 +86,7 @@ class DeepSpeedParser:
                     | route]
         m = _OVERFLOW.search(text)
         if m:
-            metrics: dict[str, Any] = {"overflow": 1.0}
+            metrics = {"overflow": 1.0}
             for key, group in (("attempted_loss_scale", 2), ("loss_scale", 3), ("hysteresis", 4)):
                 value = number(m.group(group) or "")  # the pattern also admits "-" or "e": not a number
                 if value is not None:

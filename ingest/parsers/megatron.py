@@ -178,6 +178,7 @@ class MegatronParser:
         for name, ranks in rows.items():
             for rank, ms in ranks.items():
                 dur = int(ms * 1e6)
+                part: tuple[str, str, int, dict[str, Any] | None]
                 if name in _DATA_TIMERS:
                     part = ("data", "phase", dur, None)
                 elif name in _COLLECTIVE_TIMERS:

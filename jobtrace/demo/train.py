@@ -102,6 +102,12 @@ def _dump_flight_recorder(directory: str, rank: int) -> None:
     threading.Thread(target=loop, name="fr-dump", daemon=True).start()
 
 
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """The gradient ``backward()`` just computed: every parameter of the model takes part in the loss."""
+    assert p.grad is not None
+    return p.grad
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -157,11 +163,11 @@ def main(argv: list[str] | None = None) -> None:
                     loss = loss * math.nan
             with oi.phase("backward"):
                 opt.zero_grad()
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 if args.regress_step is not None and i >= args.regress_step:
                     time.sleep(args.regress_ms / 1000)
             with oi.phase("optimizer"):
-                grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+                grads = torch.cat([_grad(p).flatten() for p in model.parameters()])
                 if rank == args.mismatch_rank and i == args.mismatch_step:
                     log.warning("rank %d: injected all_gather where the others all_reduce at step %d", rank, i)
                     dist.all_gather([torch.empty_like(grads) for _ in range(world)], grads)
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                 offset = 0
                 for p in model.parameters():
                     n = p.numel()
-                    p.grad.copy_(grads[offset:offset + n].view_as(p))
+                    _grad(p).copy_(grads[offset:offset + n].view_as(p))
                     offset += n
                 grad_norm = float(grads.norm())
                 opt.step()

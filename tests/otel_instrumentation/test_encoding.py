@@ -80,3 +80,21 @@ def test_an_item_that_cannot_be_encoded_becomes_an_error_event(rec):
     ev = orjson.loads(line)
     assert (ev["kind"], ev["level"], ev["logger"]) == ("log", "ERROR", "jobtrace.export")
     assert "could not be encoded" in ev["msg"] and ev["rank"] == 3
+
+
+@pytest.mark.parametrize("msg,args,expected", [
+    # One conversion and a repr'd tuple would format "successfully": the bad call was hidden.
+    ("x %s", ([1], [2]), "'x %s' % ([1], [2]) (format error: not all arguments converted during string formatting)"),
+    ("n=%d", ([1],), "'n=%d' % ([1],) (format error: %d format: a real number is required, not list)"),
+    ("%(a)s", ({"b": [1]},), "'%(a)s' % {'b': [1]} (format error: 'a')"),
+])
+def test_a_bad_format_with_mutable_args_is_reported_like_one_with_immutable_args(rec, msg, args, expected):
+    """The training thread formats mutable arguments at once; when that fails, the record says so as the
+    export thread does for immutable ones (it used to re-apply the arguments' repr as the format argument)."""
+    items = []
+    rec.emit = items.append
+    log = logging.getLogger("enc.test")
+    rec.log_record(log.makeRecord("enc.test", logging.INFO, __file__, 1, msg, args, None))
+    (line,) = rec.encode_batch(items)
+    assert line == _general(rec, items[0])
+    assert orjson.loads(line)["msg"] == expected

@@ -7,7 +7,6 @@ columnar segment is left) and one rank killed mid-write (a torn last line).
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -21,14 +20,7 @@ from jobtrace.synth import SynthJob, write_job
 from queries import AnalysisConfig, analyze, load_local
 from queries._backends import TimeRange, load_job
 from shippers._export import _segment_lines, _sources
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from tests.servers.base import free_port
 
 
 def make_store(root: Path, ranks: int = 4, steps: int = 30) -> tuple[str, Path]:
@@ -113,7 +105,7 @@ def test_export_reads_back_the_same_job_and_verdicts(store, backend, victorialog
 @pytest.mark.servers
 def test_a_dead_server_leaves_the_job_spooled_and_replay_finishes_it(tmp_path, victorialogs):
     job, data = make_store(tmp_path, ranks=3, steps=10)
-    code, summary = export(job, data, "--to", "loki", "--url", f"http://127.0.0.1:{closed_port()}", "--timeout", "2")
+    code, summary = export(job, data, "--to", "loki", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "2")
     assert code == 1 and not summary["complete"]
     assert summary["sent"] == 0 and summary["left_bytes"] > 0 and summary["unread_files"] == []
     res = CliRunner().invoke(main, ["replay", summary["spool"], "--to", "loki", "--url", victorialogs.url + "/insert/loki"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import requests
@@ -13,21 +12,14 @@ from jobtrace.cli import main
 from shippers import RetryPolicy
 from shippers._loki import LokiShipper
 from shippers._registry import ProcessInfo
+from tests.servers.base import free_port
 
 pytestmark = pytest.mark.servers
 
 
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_replay_sends_a_dead_servers_backlog_in_full(tmp_path, victorialogs):
     info = ProcessInfo("replay-job", "n0", 0, 1, tmp_path / "spool")
-    dead = LokiShipper.from_env(info, url=f"http://127.0.0.1:{closed_port()}", policy=RetryPolicy(initial_s=0.01, max_s=0.05),
+    dead = LokiShipper.from_env(info, url=f"http://127.0.0.1:{free_port()}", policy=RetryPolicy(initial_s=0.01, max_s=0.05),
                                 shutdown_timeout_s=0.3)
     lines = [json.dumps({"ts": 1_767_225_600_000_000_000 + i, "kind": "log", "job": "replay-job", "trace_id": "ab" * 16,
                          "rank": 0, "node": "n0", "level": "INFO", "msg": f"line {i}"}).encode() + b"\n" for i in range(500)]
