@@ -29,6 +29,7 @@ from jobtrace.errors import JobNotFound
 
 from ._local import job_dir
 from ._registry import ProcessInfo, open_shipper
+from ._sender import SpoolingSender
 
 __all__ = ["ExportSummary", "export_job"]
 
@@ -116,7 +117,7 @@ def _segment_lines(path: Path, batch: int = 20_000) -> Generator[list[bytes], No
         con.close()
 
 
-def _room(shipper: Any, max_spool_bytes: int, deadline: float) -> bool:
+def _room(shipper: SpoolingSender, max_spool_bytes: int, deadline: float) -> bool:
     """Wait until the spool holds at most ``max_spool_bytes`` unsent; False when the deadline came first."""
     while shipper.spool.pending_bytes() > max_spool_bytes:
         if time.monotonic() > deadline:
