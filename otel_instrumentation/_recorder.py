@@ -177,6 +177,8 @@ class Recorder:
         # The hottest path of all (every logging call of the process): one thread-id
         # check picks the main thread's stack and progress clock, and the common record
         # (immutable arguments, no exception) goes straight to the queue.
+        if record.name.startswith("jobtrace.export"):
+            return  # the exporter's own warnings must not loop back into its queue
         msg, args = record.msg, record.args
         if args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args))):
             # Format now only when an argument could change before the export thread runs.

@@ -94,6 +94,18 @@ class TestLogsAndSpans:
         msgs = [e["msg"] for e in events_of(tracing, tmp_path, "log")]
         assert msgs.count("once") == 1
 
+    def test_a_filter_on_the_handler_is_honoured_and_the_exporters_warnings_stay_out(self, tracing, tmp_path):
+        drop_secret = type("DropSecret", (logging.Filter,), {"filter": lambda self, r: "secret" not in r.getMessage()})()
+        tracing.handler.addFilter(drop_secret)
+        logging.getLogger("x").warning("a secret value")
+        logging.getLogger("x").warning("kept while filtered")
+        tracing.handler.removeFilter(drop_secret)
+        logging.getLogger("x").warning("another secret, no filter now")
+        logging.getLogger("jobtrace.export").warning("sink failed")  # must not loop back into the queue
+        msgs = [e["msg"] for e in events_of(tracing, tmp_path, "log")]
+        assert "kept while filtered" in msgs and "another secret, no filter now" in msgs
+        assert "a secret value" not in msgs and "sink failed" not in msgs
+
     def test_metrics_keep_nan_and_convert_tensors_like(self, tracing, tmp_path):
         class Scalar:
             def item(self):
