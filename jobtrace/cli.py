@@ -208,7 +208,7 @@ def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: floa
     else:
         s = summary
         console.print(f"exported {s.job} to {s.backend}: {s.files} files ({s.from_segments} rebuilt from segments), "
-                      f"{s.lines} lines, {s.sent} accepted, {s.refused} refused, {s.torn} torn lines skipped "
+                      f"{s.lines} lines, {s.sent} accepted, {s.refused} refused, {s.torn} torn and {s.corrupt} corrupt lines skipped "
                       f"in {s.seconds:.1f}s", highlight=False)
         if s.refused:
             console.print(f"refused lines are kept in {s.dead_letter}", highlight=False)

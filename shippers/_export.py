@@ -6,7 +6,9 @@ is sent with the same shippers as a live job (batching, retries, spool, dead let
 the server ends up with exactly what live shipping would have given it.
 
 * Each rank's JSON-lines file is the durable record and is sent as it is, in order. A
-  torn last line (a rank killed mid-write) is skipped and counted, as readers do.
+  torn last line (a rank killed mid-write) and a line that is not a JSON object are
+  skipped and counted, as the store's reader does, so the server ends up with exactly
+  the events ``trace-job`` counts locally (the skipped lines stay in the store).
 * A rank whose JSON lines were pruned (short raw retention) but whose columnar segment
   remains is rebuilt from the segment: every canonical key has its own typed column.
 * Reading waits while more than ``max_spool_bytes`` are spooled and unsent, so a large
@@ -52,6 +54,8 @@ class ExportSummary:
     """Lines the server refused for good (kept in the dead-letter file)."""
     torn: int = 0
     """Torn last lines skipped (a rank killed mid-write)."""
+    corrupt: int = 0
+    """Lines skipped because they are not a JSON object (they stay in the store)."""
     unread_files: list[str] = field(default_factory=list)
     """Files not read because the deadline passed while the server was not taking lines."""
     left_bytes: int = 0
@@ -83,13 +87,26 @@ def _sources(directory: Path) -> list[tuple[Path, bool]]:
 
 
 def _file_lines(path: Path, summary: ExportSummary) -> Generator[list[bytes], None, None]:
-    """Complete lines of ``path`` in batches; a torn last line is counted, not sent."""
+    """Complete, valid lines of ``path`` in batches; torn and corrupt lines are counted, not sent."""
     rest = b""
+    loads = orjson.loads
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             parts = (rest + chunk).split(b"\n")
             rest = parts.pop()
-            yield [p + b"\n" for p in parts if p]
+            good = []
+            for part in parts:
+                if not part:
+                    continue
+                try:
+                    ok = type(loads(part)) is dict
+                except orjson.JSONDecodeError:
+                    ok = False
+                if ok:
+                    good.append(part + b"\n")
+                else:
+                    summary.corrupt += 1
+            yield good
     if rest:
         summary.torn += 1
 

@@ -114,3 +114,24 @@ def test_a_dead_server_leaves_the_job_spooled_and_replay_finishes_it(tmp_path, v
     victorialogs.force_flush()
     there = load_job("victorialogs", job, url=victorialogs.url, time_range=TimeRange.parse("2h", None))
     assert there.stats.events == load_local(data, job).stats.events == summary["lines"]
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("backend", ["loki", "elasticsearch"])
+def test_a_corrupt_line_is_skipped_and_counted_as_the_reader_does(tmp_path, backend, victorialogs, opensearch):
+    job, data = make_store(tmp_path, ranks=3, steps=8)
+    first = sorted((data / job).glob("*.jsonl"))[0]
+    lines = first.read_bytes().splitlines(keepends=True)
+    lines[len(lines) // 2: len(lines) // 2] = [b"\x00\xffnot json at all {\n", b"[1, 2]\n"]
+    first.write_bytes(b"".join(lines))
+    url = victorialogs.url + "/insert/loki" if backend == "loki" else opensearch.url
+    code, summary = export(job, data, "--to", backend, "--url", url)
+    assert code == 0 and summary["corrupt"] == 2 and summary["torn"] == 1 and summary["refused"] == 0
+    here = load_local(data, job)
+    assert summary["sent"] == summary["lines"] == here.stats.events
+    if backend == "loki":
+        victorialogs.force_flush()
+        there = load_job("victorialogs", job, url=victorialogs.url, time_range=TimeRange.parse("2h", None))
+    else:
+        there = load_job("elasticsearch", job, url=opensearch.url, time_range=TimeRange.parse("2h", None))
+    assert there.stats.events == here.stats.events
