@@ -20,6 +20,16 @@ def events_of(tracing, tmp_path, kind=None):
     return [e for e in evs if kind is None or e["kind"] == kind]
 
 
+def wait_for(condition, timeout_s: float = 10.0) -> bool:
+    """Poll ``condition`` (the heartbeat thread acts every 0.2 s; a loaded machine may delay it)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 class TestLogsAndSpans:
     def test_every_log_line_carries_job_trace_and_active_span(self, tracing, tmp_path):
         """A plain logger.info inside a phase is stored with the job's trace id and the phase's span id."""
@@ -76,7 +86,7 @@ class TestLogsAndSpans:
         lib = logging.getLogger("fake_deepspeed")
         lib.propagate = False
         lib.setLevel(logging.INFO)
-        time.sleep(0.5)  # the heartbeat thread attaches to loggers created after init
+        assert wait_for(lambda: tracing.handler in lib.handlers)  # the heartbeat attaches to loggers created later
         lib.info("ds message")
         msgs = [e["msg"] for e in events_of(tracing, tmp_path, "log")]
         assert "ds message" in msgs
@@ -86,10 +96,9 @@ class TestLogsAndSpans:
         lib = logging.getLogger("fake_transformers")
         lib.propagate = False
         lib.setLevel(logging.INFO)
-        time.sleep(0.5)  # the heartbeat attaches the handler to the non-propagating logger
-        assert tracing.handler in lib.handlers
+        assert wait_for(lambda: tracing.handler in lib.handlers)  # the heartbeat attaches it...
         lib.propagate = True
-        time.sleep(0.5)  # ... and takes it off again once the logger propagates to the root
+        assert wait_for(lambda: tracing.handler not in lib.handlers)  # ... and takes it off again
         lib.info("once")
         msgs = [e["msg"] for e in events_of(tracing, tmp_path, "log")]
         assert msgs.count("once") == 1
