@@ -98,7 +98,6 @@ class SpoolingSender:
         self._stop = threading.Event()
         self._deadline: float | None = None
         self.stats = SenderStats()
-        self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"jobtrace-ship-{encoder.name}", daemon=True)
         self._thread.start()
 
@@ -126,6 +125,10 @@ class SpoolingSender:
         self._stop.set()
         self._wake.set()
         self._thread.join(self.shutdown_timeout_s + self.timeout_s + 1)
+        if not self._thread.is_alive():
+            # Whatever ended the sender thread, its deadline is the caller's too: send what is
+            # still spooled from here rather than leave it for the next run.
+            self._drain()
         left = self.spool.pending_bytes()
         self.stats.spooled_bytes = left
         if left:
@@ -141,17 +144,23 @@ class SpoolingSender:
         return self._deadline is not None and time.monotonic() > self._deadline
 
     def _run(self) -> None:
+        while True:
+            if self._drain():
+                return  # shutdown deadline passed mid-retry: the batch stays spooled
+            if self._stop.is_set():
+                return
+            self._wake.wait(self._idle_wait_s)
+            self._wake.clear()
+
+    def _drain(self) -> bool:
+        """Send spooled batches until the spool is empty; True when the deadline stopped it first."""
         enc = self.encoder
         while True:
             batch = self.spool.read_batch(enc.max_batch_lines, enc.max_batch_bytes)
             if not batch.lines:
-                if self._stop.is_set():
-                    return
-                self._wake.wait(self._idle_wait_s)
-                self._wake.clear()
-                continue
+                return False
             if not self._deliver(batch.lines):
-                return  # shutdown deadline passed mid-retry: the batch stays spooled
+                return True
             self.spool.commit(batch.end)
 
     def _deliver(self, lines: list[bytes]) -> bool:

@@ -36,6 +36,8 @@ def test_tags_are_labels_record_tags_are_not_and_records_are_jobtrace_events(tmp
         raise ValueError("bad row")
     except ValueError:
         logger.exception("failed")
+    h.flush()
+    assert h.shipper.wait_idle(30), "the two records were never sent"
     h.close()
     assert [e.labels for e in fake.entries] == [
         {"job": "etl", "kind": "log", "level": "INFO", "node": fake.entries[0].labels["node"], "service_name": "etl-svc"},

@@ -232,6 +232,23 @@ class TestSpoolingSender:
         assert server.accepted == [LINES[0], LINES[2], LINES[4], LINES[3]]  # 3 retried alone, 1 refused
         assert s.stats.rejected == 1
 
+    @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+    def test_close_still_sends_what_is_spooled_when_the_sender_thread_has_died(self, tmp_path):
+        calls = []
+
+        def breaks_once(req):
+            calls.append(req)
+            if len(calls) == 1:
+                raise RuntimeError("a bug in a transport")  # not a BackendUnavailable: kills the thread
+            return Response(200)
+
+        s = SpoolingSender(LinesEncoder(), InMemoryTransport(breaks_once), tmp_path / "spool", policy=FAST)
+        s.write(LINES[:10])
+        s._thread.join(5)
+        assert not s._thread.is_alive() and len(calls) == 1
+        s.close()
+        assert s.stats.sent == 10 and s.stats.spooled_bytes == 0 and len(calls) == 2
+
     def test_unsent_lines_stay_spooled_and_the_next_sender_sends_them_first(self, tmp_path):
         down = Server(["down"] * 10_000)
         s = make_sender(tmp_path, down, shutdown_timeout_s=0.3)
