@@ -104,6 +104,7 @@ def attach_to_loggers(handler: logging.Handler) -> int:
     handler, or every record it logs would reach it twice: there and at the root.
     """
     added = 0
+    at_root = handler in logging.root.handlers
     for logger in list(logging.root.manager.loggerDict.values()):
         if not isinstance(logger, logging.Logger):
             continue
@@ -111,7 +112,7 @@ def attach_to_loggers(handler: logging.Handler) -> int:
             if handler not in logger.handlers:
                 logger.handlers.insert(0, handler)
                 added += 1
-        elif handler in logger.handlers and handler in logging.root.handlers:
+        elif at_root and handler in logger.handlers:
             logger.removeHandler(handler)
     return added
 

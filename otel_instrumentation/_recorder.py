@@ -30,13 +30,7 @@ from typing import Any, Callable, Mapping
 
 import orjson
 
-from jobtrace.events import (
-    SCHEMA_VERSION,
-    Kind,
-    SpanCategory,
-    encode_lines,
-    json_default,
-)
+from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines, json_default
 
 from ._identity import Identity
 

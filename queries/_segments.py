@@ -37,7 +37,8 @@ from jobtrace.events import COLUMNS
 from ._sql import literal
 from ._tables import DERIVED, ROLLUP_KEY, build_tables
 
-__all__ = ["compact", "count_lines", "json_scan_sql", "refresh_rollup", "rollup_paths", "segment_for", "SEGMENT_RE"]
+__all__ = ["compact", "count_lines", "json_scan_sql", "orphan_segments", "refresh_rollup", "rollup_paths", "segment_for",
+           "SEGMENT_RE"]
 
 SEGMENT_RE = re.compile(r"^(?P<source>.+\.jsonl)\.(?P<bytes>\d+)-(?P<mtime>\d+)\.parquet$")
 """A segment's file name: the JSON-lines file it was made from, and that file's length and mtime then."""
@@ -66,6 +67,20 @@ def segment_for(path: Path) -> Path | None:
         return None
     seg = path.with_name(_segment_name(path.name, st))
     return seg if seg.exists() else None
+
+
+def orphan_segments(directory: Path, names: set[str]) -> dict[str, Path]:
+    """Segments whose JSON-lines file (not in ``names``) is gone: raw lines pruned, the segment stands alone.
+
+    Keyed by the pruned file's name. A file rewritten before it was pruned left several
+    segments; the last one sorted (the newest length and mtime) stands for it.
+    """
+    orphans: dict[str, Path] = {}
+    for seg in sorted(directory.glob("*.jsonl.*.parquet")):
+        m = SEGMENT_RE.match(seg.name)
+        if m and m["source"] not in names:
+            orphans[m["source"]] = seg
+    return orphans
 
 
 def rollup_paths(segment: Path) -> dict[str, Path]:

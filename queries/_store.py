@@ -27,7 +27,7 @@ from jobtrace.errors import JobNotFound, QueryError
 from jobtrace.events import COLUMNS
 from shippers._local import job_dir
 
-from ._segments import SEGMENT_RE, count_lines, json_scan_sql, rollup_paths, segment_for
+from ._segments import SEGMENT_RE, count_lines, json_scan_sql, orphan_segments, rollup_paths, segment_for
 from ._sql import literal, literal_list
 
 __all__ = ["COLUMNS", "JobData", "ReadStats", "load_local", "load_events", "list_local_jobs"]
@@ -152,11 +152,7 @@ def _job_files(directory: Path) -> _Files:
     files = _Files()
     jsonl = sorted(directory.glob("*.jsonl"))
     names = {p.name for p in jsonl}
-    orphans: dict[str, Path] = {}
-    for seg in sorted(_segments(directory)):
-        source = SEGMENT_RE.match(seg.name)["source"]  # type: ignore[index]
-        if source not in names:
-            orphans[source] = seg  # several for one pruned file (it was rewritten): the last one sorted
+    orphans = orphan_segments(directory, names)
     # A rank that restarted has a file per life; its per-step rows must be derived over all of them.
     lives = Counter(m[1] for n in [*names, *orphans] if (m := _RANK_IN_NAME.search(n)))
     for path in jsonl:

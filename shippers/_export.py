@@ -74,15 +74,10 @@ class ExportSummary:
 
 def _sources(directory: Path) -> list[tuple[Path, bool]]:
     """(path, is_segment): every JSON-lines file, plus the segment of each file that was pruned."""
-    from queries._segments import SEGMENT_RE
+    from queries._segments import orphan_segments
 
     lines = sorted(directory.glob("*.jsonl"))
-    names = {p.name for p in lines}
-    orphans: dict[str, Path] = {}
-    for seg in sorted(directory.glob("*.jsonl.*.parquet")):
-        m = SEGMENT_RE.match(seg.name)
-        if m and m["source"] not in names:
-            orphans[m["source"]] = seg  # a file rewritten before pruning: its last segment sorts last
+    orphans = orphan_segments(directory, {p.name for p in lines})
     return [(p, False) for p in lines] + [(p, True) for p in sorted(orphans.values())]
 
 

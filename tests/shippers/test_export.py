@@ -48,6 +48,26 @@ def verdicts(report) -> list[tuple[str, list[int]]]:
     return sorted((f.kind, f.ranks) for f in report.findings if f.severity in ("error", "warning"))
 
 
+class Server:
+    """One backend of the parametrized tests: where export pushes, and the job as read back from it."""
+
+    def __init__(self, backend: str, victorialogs, opensearch) -> None:
+        self.backend, self._vl = backend, victorialogs
+        self.push_url = victorialogs.url + "/insert/loki" if backend == "loki" else opensearch.url
+        self._kind, self._url = (("victorialogs", victorialogs.url) if backend == "loki"
+                                 else ("elasticsearch", opensearch.url))
+
+    def read(self, job: str):
+        if self.backend == "loki":
+            self._vl.force_flush()
+        return load_job(self._kind, job, url=self._url, time_range=TimeRange.parse("2h", None))
+
+
+@pytest.fixture(params=["loki", "elasticsearch"])
+def server(request, victorialogs, opensearch):
+    return Server(request.param, victorialogs, opensearch)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     return make_store(tmp_path_factory.mktemp("export"))
@@ -81,21 +101,15 @@ def test_an_unknown_job_is_an_error(tmp_path):
 
 
 @pytest.mark.servers
-@pytest.mark.parametrize("backend", ["loki", "elasticsearch"])
-def test_export_reads_back_the_same_job_and_verdicts(store, backend, victorialogs, opensearch):
+def test_export_reads_back_the_same_job_and_verdicts(store, server):
     job, data = store
-    url = victorialogs.url + "/insert/loki" if backend == "loki" else opensearch.url
-    code, summary = export(job, data, "--to", backend, "--url", url)
+    code, summary = export(job, data, "--to", server.backend, "--url", server.push_url)
     assert code == 0, summary
     assert summary["files"] == 4 and summary["from_segments"] == 1 and summary["torn"] == 1
     assert summary["sent"] == summary["lines"] > 0 and summary["refused"] == 0 and summary["complete"]
     here = load_local(data, job)
     assert here.stats.events == summary["lines"]
-    if backend == "loki":
-        victorialogs.force_flush()
-        there = load_job("victorialogs", job, url=victorialogs.url, time_range=TimeRange.parse("2h", None))
-    else:
-        there = load_job("elasticsearch", job, url=opensearch.url, time_range=TimeRange.parse("2h", None))
+    there = server.read(job)
     assert there.stats.events == here.stats.events
     found = verdicts(analyze(there, AnalysisConfig()))
     assert found == verdicts(analyze(here, AnalysisConfig()))
@@ -117,21 +131,15 @@ def test_a_dead_server_leaves_the_job_spooled_and_replay_finishes_it(tmp_path, v
 
 
 @pytest.mark.servers
-@pytest.mark.parametrize("backend", ["loki", "elasticsearch"])
-def test_a_corrupt_line_is_skipped_and_counted_as_the_reader_does(tmp_path, backend, victorialogs, opensearch):
+def test_a_corrupt_line_is_skipped_and_counted_as_the_reader_does(tmp_path, server):
     job, data = make_store(tmp_path, ranks=3, steps=8)
     first = sorted((data / job).glob("*.jsonl"))[0]
     lines = first.read_bytes().splitlines(keepends=True)
     lines[len(lines) // 2: len(lines) // 2] = [b"\x00\xffnot json at all {\n", b"[1, 2]\n"]
     first.write_bytes(b"".join(lines))
-    url = victorialogs.url + "/insert/loki" if backend == "loki" else opensearch.url
-    code, summary = export(job, data, "--to", backend, "--url", url)
+    code, summary = export(job, data, "--to", server.backend, "--url", server.push_url)
     assert code == 0 and summary["corrupt"] == 2 and summary["torn"] == 1 and summary["refused"] == 0
     here = load_local(data, job)
     assert summary["sent"] == summary["lines"] == here.stats.events
-    if backend == "loki":
-        victorialogs.force_flush()
-        there = load_job("victorialogs", job, url=victorialogs.url, time_range=TimeRange.parse("2h", None))
-    else:
-        there = load_job("elasticsearch", job, url=opensearch.url, time_range=TimeRange.parse("2h", None))
+    there = server.read(job)
     assert there.stats.events == here.stats.events
