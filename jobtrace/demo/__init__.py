@@ -149,6 +149,26 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+    _wait_gone(ranks, timeout=10.0)
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Return once every killed rank has died: SIGKILL is delivered asynchronously, and an
+    orphaned rank is not our child to wait for, so a caller looking right after the kill
+    (a test, a rerun on the same port) could still see it running."""
+    try:
+        import psutil
+    except ImportError:
+        return
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
 
 
 def _descendants(pid: int) -> list[int]:
