@@ -26,7 +26,7 @@ import traceback
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import orjson
 
@@ -52,6 +52,7 @@ def _scrubbed(value: Any) -> Any:
         return [_scrubbed(v) for v in value]
     return value
 _IMMUTABLE = frozenset({int, float, str, bool, type(None), bytes, complex})
+_PLAIN_VALUES = frozenset({int, float, str, bool, type(None)})
 
 
 def _hex64(x: int | None) -> str | None:
@@ -193,9 +194,14 @@ class Recorder:
         self.emit((_LOG, record.created, record.levelname, record.name, msg, args, exc,
                    stack[-1].span_id if stack else self.root_span_id, self.step))
 
-    def metrics(self, step: int | None, values: Mapping[str, Any]) -> None:
-        clean = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in values.items()}
-        self.emit((_METRIC, time_ns(), self.step if step is None else step, clean, self.current_span_id()))
+    def metrics(self, step: int | None, values: dict[str, Any]) -> None:
+        """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
+        if not _PLAIN_VALUES.issuperset(map(type, values.values())):
+            # A tensor, say: keep its value, not its autograd graph, until the export thread reads it.
+            values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in values.items()}
+        stack = self.main_stack if get_ident() == self._main_ident else self.stack()
+        self.emit((_METRIC, time_ns(), self.step if step is None else step, values,
+                   stack[-1].span_id if stack else self.root_span_id))
 
     def heartbeat(self, attrs: dict[str, Any]) -> None:
         self.emit((_BEAT, time_ns(), self.step, attrs))

@@ -84,6 +84,7 @@ class Tracing:
         stall_dump_s: float,
         console: bool,
         torch: bool,
+        memory_interval_s: float = 0.1,
         otel: bool,
         flush_interval_s: float,
         otel_context: str = "all",
@@ -116,7 +117,7 @@ class Tracing:
             self.torch_instrumented = instrument_torch(self.recorder)
             if self.torch_instrumented:
                 self._undo.append(uninstrument_torch)
-            self.recorder.step_end_hooks.append(memory_hook(self.recorder))
+            self.recorder.step_end_hooks.append(memory_hook(self.recorder, memory_interval_s))
         self._stop_beat = threading.Event()
         self._beat_thread = threading.Thread(target=self._beat_loop, name="jobtrace-heartbeat", daemon=True)
         self._beat_thread.start()
@@ -377,6 +378,7 @@ def init_tracing(
     level: int = logging.INFO,
     heartbeat_s: float | None = None,
     stall_dump_s: float | None = None,
+    memory_interval_s: float | None = None,
     console: bool = True,
     torch: bool = True,
     otel: bool = True,
@@ -395,6 +397,9 @@ def init_tracing(
         heartbeat_s: seconds between heartbeats (default ``$JOBTRACE_HEARTBEAT_S`` or 10).
         stall_dump_s: seconds without progress before the main thread's stack is recorded
             (default ``$JOBTRACE_STALL_DUMP_S`` or 60).
+        memory_interval_s: least seconds between two host RSS samples at step ends (default
+            ``$JOBTRACE_MEMORY_INTERVAL_S`` or 0.1; 0 samples every step). CUDA counters are
+            read every step: unlike RSS they need no system call.
         console: prefix console log lines with job, rank, trace and span ids.
         torch: record torch.distributed collectives and per-step memory when torch is present.
         otel: set up OpenTelemetry providers and put the job's trace in the current context.
@@ -422,6 +427,8 @@ def init_tracing(
             level=level,
             heartbeat_s=heartbeat_s or _env_float("JOBTRACE_HEARTBEAT_S", 10.0),
             stall_dump_s=stall_dump_s or _env_float("JOBTRACE_STALL_DUMP_S", 60.0),
+            memory_interval_s=(memory_interval_s if memory_interval_s is not None
+                               else _env_float("JOBTRACE_MEMORY_INTERVAL_S", 0.1)),
             console=console,
             torch=torch,
             otel=otel,
@@ -456,4 +463,4 @@ def span(name: str, **attrs: Any) -> Span | _NullSpan:
 def log_metrics(step: int | None = None, **values: Any) -> None:
     t = _active
     if t is not None:
-        t.log_metrics(step, **values)
+        t.recorder.metrics(step, values)

@@ -106,6 +106,9 @@ def run_job(cfg: DemoConfig) -> int:
     if cfg.fr_dump_dir:
         args.append(f"--fr-dump-dir={Path(cfg.fr_dump_dir).resolve()}")
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    # The demo's steps last milliseconds: sample host memory at every one of them, so that an
+    # injected leak is dated to its step (real steps outlast the library's 0.1 s default).
+    env.setdefault("JOBTRACE_MEMORY_INTERVAL_S", "0")
     out = subprocess.DEVNULL if cfg.quiet else None
     proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
     directory = job_dir(cfg.data_dir, cfg.job_id)

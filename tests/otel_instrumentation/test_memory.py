@@ -1,0 +1,45 @@
+"""Per-step memory samples: host RSS is read at most once per interval, dated to the step that ended."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from otel_instrumentation._identity import resolve_identity
+from otel_instrumentation._recorder import _METRIC, Recorder
+from otel_instrumentation._torch import memory_hook
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="host RSS is read from /proc")
+
+
+def run_steps(interval_s: float, step_ms: list[float]) -> list[tuple]:
+    """Call the step-end hook as ``Span.__exit__`` does, at step ends ``step_ms`` apart (simulated clock)."""
+    items: list[tuple] = []
+    rec = Recorder(resolve_identity(job_id="mem", rank=0, world_size=1, env={}), emit=items.append)
+    hook = memory_hook(rec, interval_s)
+    now = 1_000_000_000_000
+    for step, ms in enumerate(step_ms):
+        now += int(ms * 1e6)
+        rec.last_progress_ns = now
+        hook(step)
+    return [i for i in items if i[0] == _METRIC and "rss_bytes" in i[3]]
+
+
+def test_rss_is_sampled_at_most_once_per_interval_and_dated_to_its_step():
+    # 30 ms steps, 0.1 s interval: steps 0, 4, 8 (the first step end at or after each deadline).
+    samples = run_steps(0.1, [30.0] * 10)
+    assert [s[2] for s in samples] == [0, 4, 8]
+    assert [s[1] for s in samples] == [1_000_000_000_000 + int(30e6) * (s[2] + 1) for s in samples]
+
+
+def test_steps_longer_than_the_interval_are_each_sampled_and_zero_samples_every_step():
+    assert [s[2] for s in run_steps(0.1, [150.0, 100.0, 400.0])] == [0, 1, 2]
+    assert [s[2] for s in run_steps(0.0, [1.0] * 5)] == [0, 1, 2, 3, 4]
+
+
+def test_the_sample_is_this_process_rss():
+    (sample,) = run_steps(0.1, [1.0])
+    psutil = pytest.importorskip("psutil")
+    rss = sample[3]["rss_bytes"]
+    assert abs(rss - psutil.Process().memory_info().rss) < 0.05 * rss and rss > 1 << 20
