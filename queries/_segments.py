@@ -28,14 +28,18 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from jobtrace.events import COLUMNS
 
-from ._sql import literal
+from ._sql import literal, literal_list
 from ._tables import DERIVED, ROLLUP_KEY, build_tables
+
+_MEMORY_LIMIT = "256MB"
+"""DuckDB's memory while it writes a segment: an exiting rank or an ingest stays this small, spilling past it."""
 
 __all__ = ["compact", "count_lines", "json_scan_sql", "orphan_segments", "refresh_rollup", "rollup_paths", "segment_for",
            "SEGMENT_RE"]
@@ -44,14 +48,14 @@ SEGMENT_RE = re.compile(r"^(?P<source>.+\.jsonl)\.(?P<bytes>\d+)-(?P<mtime>\d+)\
 """A segment's file name: the JSON-lines file it was made from, and that file's length and mtime then."""
 
 
-def json_scan_sql() -> str:
-    """DuckDB's scan of canonical JSON lines (one ``?`` parameter: the file list), schema fixed.
+def json_scan_sql(files: str = "?") -> str:
+    """DuckDB's scan of canonical JSON lines, schema fixed; ``files``: SQL for the file list (default: a parameter).
 
     A fixed schema makes every reader agree on types whatever keys a file happens to
     contain; invalid lines become NULL rows, which callers drop and count.
     """
     cols = "{" + ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items()) + "}"
-    return (f"read_json(?, format='newline_delimited', columns={cols}, ignore_errors=true, "
+    return (f"read_json({files}, format='newline_delimited', columns={cols}, ignore_errors=true, "
             f"maximum_object_size=16777216)")
 
 
@@ -101,8 +105,15 @@ def count_lines(path: str | os.PathLike[str]) -> tuple[int, bool]:
 
 
 def compact(path: str | os.PathLike[str]) -> Path | None:
-    """Write the segment and rollup of one rank's JSON-lines file; ``None`` when they were not written."""
+    """Write the segment and rollup of one rank's JSON-lines file; ``None`` when they were not written.
+
+    Streamed, in bounded memory whatever the file's size: the lines go straight from the
+    JSON scan into the segment file (never a table in memory), the rollup is derived from
+    that file, and DuckDB may spill to a temporary directory past :data:`_MEMORY_LIMIT`.
+    The segment is renamed into place last: readers key off it.
+    """
     src = Path(path)
+    tmp: Path | None = None
     try:
         before = src.stat()
         if before.st_size == 0:
@@ -112,31 +123,43 @@ def compact(path: str | os.PathLike[str]) -> Path | None:
             return None
         import duckdb  # only now: a rank that never exits cleanly never pays for the import
 
+        seg = src.with_name(_segment_name(src.name, before))
+        tmp = seg.with_name(seg.name + ".tmp")
         con = duckdb.connect(":memory:")
         con.execute("SET threads = 1")  # the node's cores belong to the other ranks still training
-        con.execute(f"CREATE TABLE events AS SELECT * FROM {json_scan_sql()} WHERE kind IS NOT NULL AND ts IS NOT NULL",
-                    [[str(src)]])
+        con.execute(f"SET memory_limit = '{_MEMORY_LIMIT}'")
+        con.execute(f"SET temp_directory = {literal(Path(tempfile.gettempdir()) / f'jobtrace-duckdb-{os.getpid()}')}")
+        con.execute(f"COPY (SELECT * FROM {json_scan_sql(literal_list([src]))} WHERE kind IS NOT NULL AND ts IS NOT NULL) "
+                    f"TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({literal(tmp)})")
         events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
         if events != lines or _segment_name(src.name, src.stat()) != _segment_name(src.name, before):
+            con.close()
             return None  # an invalid line (its accounting needs the raw read) or the file changed meanwhile
-        seg = src.with_name(_segment_name(src.name, before))
         build_tables(con)
-        # the segment last: readers key off it
-        _write_tables(con, {**rollup_paths(seg), "events": seg}, f"{glob.escape(src.name)}.*.parquet")
+        _write_tables(con, rollup_paths(seg), f"{glob.escape(src.name)}.*.parquet", last=(tmp, seg))
+        tmp = None
         return seg
     except Exception:  # noqa: BLE001 - a missing segment only costs the reader time
         return None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
-def _write_tables(con: Any, outputs: Mapping[str, Path], stale: str) -> None:
-    """Write each table to its file (atomically, in order), close ``con``, then delete the
-    files matching the glob ``stale`` (next to the outputs) that were not just written."""
+def _write_tables(con: Any, outputs: Mapping[str, Path], stale: str, last: tuple[Path, Path] | None = None) -> None:
+    """Write each table to its file (atomically, in order), then rename ``last`` (a file already
+    written, to its final name), close ``con``, and delete the files matching the glob ``stale``
+    (next to the outputs) that were not just written."""
     for table, out in outputs.items():
         tmp = out.with_name(out.name + ".tmp")
         con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
         os.replace(tmp, out)
-    con.close()
     keep = set(outputs.values())
+    if last is not None:
+        os.replace(*last)
+        keep.add(last[1])
+    con.close()
     for old in next(iter(keep)).parent.glob(stale):
         if old not in keep:
             old.unlink(missing_ok=True)

@@ -76,7 +76,7 @@ def test_no_segment_for_a_torn_or_invalid_file(tmp_path):
     bad = tmp_path / "n.r1.p2.jsonl"
     bad.write_bytes(b'{"ts":1,"kind":"log","msg":"a"}\n\x00\xff binary junk\n')
     assert compact(torn) is None and compact(bad) is None
-    assert not list(tmp_path.glob("*.parquet"))
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["n.r0.p1.jsonl", "n.r1.p2.jsonl"]  # no segment, no .tmp
 
 
 def test_a_segment_serves_alone_once_the_raw_lines_are_pruned(tmp_path):
