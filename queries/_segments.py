@@ -130,7 +130,7 @@ def compact(path: str | os.PathLike[str]) -> Path | None:
         con.execute(f"SET memory_limit = '{_MEMORY_LIMIT}'")
         con.execute(f"SET temp_directory = {literal(Path(tempfile.gettempdir()) / f'jobtrace-duckdb-{os.getpid()}')}")
         con.execute(f"COPY (SELECT * FROM {json_scan_sql(literal_list([src]))} WHERE kind IS NOT NULL AND ts IS NOT NULL) "
-                    f"TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+                    f"TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 32768)")
         con.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet({literal(tmp)})")
         events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
         if events != lines or _segment_name(src.name, src.stat()) != _segment_name(src.name, before):
@@ -153,7 +153,7 @@ def _write_tables(con: Any, outputs: Mapping[str, Path], stale: str, last: tuple
     (next to the outputs) that were not just written."""
     for table, out in outputs.items():
         tmp = out.with_name(out.name + ".tmp")
-        con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY {table} TO {literal(tmp)} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 32768)")
         os.replace(tmp, out)
     keep = set(outputs.values())
     if last is not None:
