@@ -18,7 +18,8 @@ and reports the median over ``--repeat`` runs:
   thread pays), and ``all_reduce`` of a 4-byte tensor on a 1-rank gloo group end to end,
   instrumented and plain (which also includes the export thread's share of the GIL);
 * a training step of the demo's MLP in one process (forward/backward/optimizer with
-  phases: a sub-millisecond step, the harshest case) with and without jobtrace;
+  phases: a sub-millisecond step, the harshest case) with and without jobtrace, and with
+  the one-line setup alone (its log line captured; no step, phase or metrics calls);
 * the real demo job (4 ranks under torchrun, gloo) with and without its one tracing
   line, median step time over ranks, runs alternated.
 
@@ -177,7 +178,9 @@ x = torch.randn(32, 64); y = torch.randn(32, 1)
 null = lambda *a, **k: contextlib.nullcontext()
 def block(traced, steps, start):
     # One block of steps, instrumented or not, in the same process (same threads, caches, allocator).
-    step, phase, metrics = (oi.step, oi.phase, oi.log_metrics) if traced else (null, null, lambda *a, **k: None)
+    # HELPERS False: the one-line setup only (records captured, no step/phase/metrics calls).
+    helpers = traced and {helpers}
+    step, phase, metrics = (oi.step, oi.phase, oi.log_metrics) if helpers else (null, null, lambda *a, **k: None)
     log.handlers[:] = ours if traced else []
     c0 = time.process_time(); th0 = time.thread_time()
     for i in range(start, start + steps):
@@ -263,8 +266,9 @@ def main() -> None:
     res = {name: median_of(name, n, rep) for name in ("null", "file", "otel_bridge", "jobtrace")}
     spans = median_of("spans", n, rep)
     coll = median_of("collective", n, rep)
-    harsh = run_case("demo_step", n, hidden=256, blocks=30, block_steps=100)
-    demo_sized = run_case("demo_step", n, hidden=1024, blocks=16, block_steps=30)
+    harsh = run_case("demo_step", n, hidden=256, blocks=30, block_steps=100, helpers=True)
+    one_line = run_case("demo_step", n, hidden=256, blocks=30, block_steps=100, helpers=False)
+    demo_sized = run_case("demo_step", n, hidden=1024, blocks=16, block_steps=30, helpers=True)
     # The real demo job, alternating plain/traced runs so machine noise hits both alike.
     job_plain, job_traced = [], []
     for i in range(rep):
@@ -288,7 +292,8 @@ def main() -> None:
     print(f"OTel SDK span create+end    {spans['otel_span_us']:8.2f} µs")
     print(f"collective record           {coll['record_us']:8.2f} µs on the calling thread   (all_reduce, 1-rank gloo,"
           f" end to end: {coll['plain_us']:.1f} µs plain, {coll['traced_us']:.1f} µs traced, export included)")
-    for label, r in (("1-process MLP step, small", harsh), ("1-process MLP step, larger", demo_sized)):
+    for label, r in (("1-process MLP step, small", harsh), ("  the same, one line only", one_line),
+                     ("1-process MLP step, larger", demo_sized)):
         print(f"{label:<28}{r['step_cpu_us']:8.1f} µs CPU plain, {r['traced_cpu_us']:.1f} µs traced: "
               f"{r['slowdown_pct']:+.2f} % (interquartile {r['q1']:+.2f} .. {r['q3']:+.2f} % over interleaved block pairs;"
               f" process CPU, all threads, export included); per step +{r['thread_extra_us']:.0f} µs on the training"
