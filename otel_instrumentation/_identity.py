@@ -64,12 +64,18 @@ class Identity:
     parent_span_id: str | None = None
     launcher: str = "none"
     warnings: tuple[str, ...] = field(default=())
+    forked: bool = False  # a child forked from the rank's process (a DataLoader worker), not the rank itself
 
 
 def trace_id_for_job(job_id: str) -> str:
     """The 128-bit TraceID every rank derives from the job id alone (never all zeros)."""
     digest = hashlib.sha256(b"jobtrace:" + job_id.encode("utf-8")).hexdigest()[:32]
     return digest if int(digest, 16) else "0" * 31 + "1"
+
+
+def job_root_span_id(job_id: str) -> int:
+    """The span every rank's step spans hang under: one id per job, the same on every rank, no communication."""
+    return int(hashlib.sha256(b"jobtrace-root:" + job_id.encode("utf-8")).hexdigest()[:16], 16) or 1
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import logging
 import os
 import signal
@@ -30,7 +29,7 @@ from jobtrace.events import SpanCategory
 from shippers import BatchWorker, LocalStoreSink, Sink
 from shippers._local import DEFAULT_DATA_DIR
 
-from ._identity import Identity, resolve_identity
+from ._identity import Identity, job_root_span_id, resolve_identity
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
 from ._recorder import Recorder, Span
 
@@ -104,8 +103,7 @@ class Tracing:
         self._undo: list[Callable[[], object]] = []  # what an undo returns is ignored
         if identity.parent_span_id is None:
             # One root span id per job, the same on every rank, so all step spans share a parent.
-            root = hashlib.sha256(b"jobtrace-root:" + identity.job_id.encode()).hexdigest()[:16]
-            self.recorder.root_span_id = int(root, 16) or 1
+            self.recorder.root_span_id = job_root_span_id(identity.job_id)
 
         self._install_logging(level, console)
         if otel:
@@ -253,7 +251,7 @@ class Tracing:
         """In a forked child (e.g. a DataLoader worker) events go to the child's own file."""
         if self._closed:
             return
-        ident = Identity(**{**asdict(self.identity), "pid": os.getpid(), "warnings": ()})
+        ident = Identity(**{**asdict(self.identity), "pid": os.getpid(), "warnings": (), "forked": True})
         self.identity = ident
         self.recorder.identity = ident
         self.recorder._base["pid"] = ident.pid
@@ -340,11 +338,15 @@ def _otlp_sinks(ident: Identity) -> list[Sink]:
     if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
         return []
     try:
-        from shippers._otlp import OtlpSpanSink
+        from shippers._otlp import OtlpSpanSink, RootSpan
 
         from ._otel import resource_for
 
-        return [OtlpSpanSink(resource_for(ident))]
+        # Rank 0's first process closes the job's root span, which no rank records itself: without it
+        # trace views (Jaeger, Tempo) show the job as a trace whose root was never received.
+        root = (None if ident.rank != 0 or ident.forked or ident.parent_span_id is not None
+                else RootSpan(int(ident.trace_id, 16), job_root_span_id(ident.job_id), "job", time_ns()))
+        return [OtlpSpanSink(resource_for(ident), root=root)]
     except ImportError as exc:
         _stderr(f"OTLP endpoint set but the exporter is missing ({exc}): pip install 'jobtrace[otlp]'")
         return []

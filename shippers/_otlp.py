@@ -14,17 +14,28 @@ is the log backend. The SDK queue drops spans when the collector is away for lon
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+import time
+from typing import Any, NamedTuple, Sequence
 
 import orjson
 
-__all__ = ["OtlpSpanSink"]
+__all__ = ["OtlpSpanSink", "RootSpan"]
+
+
+class RootSpan(NamedTuple):
+    """The job's root span, which one process (rank 0) closes when its sink closes."""
+
+    trace_id: int
+    span_id: int
+    name: str
+    start_ns: int
 
 _SPAN_MARK = b'"kind":"span"'
 
 
 class OtlpSpanSink:
-    def __init__(self, resource: Any, endpoint: str | None = None, *, exporter: Any = None) -> None:
+    def __init__(self, resource: Any, endpoint: str | None = None, *, exporter: Any = None,
+                 root: RootSpan | None = None) -> None:
         from opentelemetry.sdk.trace import SpanProcessor
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -36,6 +47,7 @@ class OtlpSpanSink:
                 url = os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
             exporter = OTLPSpanExporter(endpoint=url)
         self._resource = resource
+        self._root = root
         self._processor: SpanProcessor = BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
         self.converted = 0
 
@@ -75,9 +87,21 @@ class OtlpSpanSink:
             kind=SpanKind.INTERNAL, status=status, start_time=start, end_time=start + ev.get("dur", 0),
         )
 
+    def _root_span(self, root: RootSpan, end_ns: int) -> Any:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+        ctx = SpanContext(root.trace_id, root.span_id, False, TraceFlags(TraceFlags.SAMPLED))
+        return ReadableSpan(name=root.name, context=ctx, parent=None, resource=self._resource,
+                            attributes={"jobtrace.category": "job"}, kind=SpanKind.INTERNAL,
+                            start_time=root.start_ns, end_time=max(end_ns, root.start_ns))
+
     def flush(self) -> None:
         """The SDK processor exports on its own schedule; a final flush happens in close()."""
 
     def close(self) -> None:
+        if self._root is not None:
+            self._processor.on_end(self._root_span(self._root, time.time_ns()))
+            self._root = None
         self._processor.force_flush(5000)
         self._processor.shutdown()

@@ -1,7 +1,7 @@
 """Real log servers for jobtrace's integration tests (issue #3); see README.md here.
 
-``VictoriaLogsServer`` (Loki push + ES ``_bulk`` + LogsQL) and ``OpenSearchServer``
-(embedded 2.19 node) are built once, cached in ``$JOBTRACE_SERVERS_CACHE``
+``VictoriaLogsServer`` (Loki push + ES ``_bulk`` + LogsQL), ``OpenSearchServer``
+(embedded 2.19 node) and ``JaegerServer`` (OTLP in, trace query API out) are built once, cached in ``$JOBTRACE_SERVERS_CACHE``
 (default ``~/.cache/jobtrace-servers``) and run on free 127.0.0.1 ports with data in
 temp dirs. ``FaultProxy`` sits in front of either to inject refusals, delays and
 error statuses. Pytest fixtures live in ``tests.servers.fixtures``; the command line
@@ -9,6 +9,7 @@ is ``python -m tests.servers``.
 """
 
 from .base import ManagedServer, ServerError, cache_dir, free_port
+from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, SeenRequest
 from .victorialogs_server import VictoriaLogsServer
@@ -16,7 +17,8 @@ from .victorialogs_server import VictoriaLogsServer
 SERVERS: dict[str, type[ManagedServer]] = {
     "victorialogs": VictoriaLogsServer,
     "opensearch": OpenSearchServer,
+    "jaeger": JaegerServer,
 }
 
-__all__ = ["SERVERS", "FaultProxy", "ManagedServer", "OpenSearchServer", "SeenRequest",
+__all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "SeenRequest",
            "ServerError", "VictoriaLogsServer", "cache_dir", "free_port"]

@@ -1,5 +1,5 @@
-"""Command line: ``python -m tests.servers build [victorialogs|opensearch|all]``
-and ``python -m tests.servers run victorialogs|opensearch [--port N] [--data-dir D]``.
+"""Command line: ``python -m tests.servers build [victorialogs|opensearch|jaeger|all]``
+and ``python -m tests.servers run victorialogs|opensearch|jaeger [--port N] [--data-dir D]``.
 
 ``build`` fills the cache (what CI does before pytest); ``run`` starts one server for
 poking at by hand and stops it cleanly on Ctrl-C or SIGTERM.

@@ -2,7 +2,7 @@
 
 Fixtures:
 
-* ``victorialogs``, ``opensearch`` (session): one started server each for the whole run.
+* ``victorialogs``, ``opensearch``, ``jaeger`` (session): one started server each for the whole run.
   Do not stop them in a test; use the private ones for that.
 * ``private_victorialogs``, ``private_opensearch`` (function): a fresh server with its own
   data, for tests that stop, kill or restart it.
@@ -25,11 +25,12 @@ from typing import Any
 import pytest
 
 from .base import ManagedServer
+from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, HasAddress
 from .victorialogs_server import VictoriaLogsServer
 
-SERVER_FIXTURES = {"victorialogs", "opensearch", "private_victorialogs", "private_opensearch"}
+SERVER_FIXTURES = {"victorialogs", "opensearch", "jaeger", "private_victorialogs", "private_opensearch"}
 
 
 def _in_ci() -> bool:
@@ -86,6 +87,12 @@ def victorialogs(request: pytest.FixtureRequest) -> Iterator[VictoriaLogsServer]
 def opensearch(request: pytest.FixtureRequest) -> Iterator[OpenSearchServer]:
     """Session OpenSearch 2.19 node: ``.url``, ``.bulk(...)``, ``.search(index, body)``."""
     yield from _serve(request.config, OpenSearchServer)
+
+
+@pytest.fixture(scope="session")
+def jaeger(request: pytest.FixtureRequest) -> Iterator[JaegerServer]:
+    """Session Jaeger (memory storage): ``.otlp_url`` for exporters, ``.trace(trace_id)``."""
+    yield from _serve(request.config, JaegerServer)
 
 
 @pytest.fixture

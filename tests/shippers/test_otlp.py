@@ -70,3 +70,41 @@ def test_step_and_phase_spans_arrive_as_otlp_with_the_job_trace_and_resource(tmp
     by_id = {s.span_id: s for s in spans}
     assert all(by_id[s.parent_span_id].name == "step" for s in spans if s.name == "forward")
     assert resources[0]["jobtrace.rank"].int_value == 1 and resources[0]["service.namespace"].string_value == "jobtrace"
+
+
+def test_rank_0_closes_the_job_root_span_once_even_with_a_forked_child(tmp_path):
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otel_instrumentation._identity import job_root_span_id
+
+    rx = Receiver()
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(
+        """
+        import os
+        import otel_instrumentation as oi
+        t = oi.init_tracing("root-job", data_dir="store", torch=False)
+        with oi.step(0):
+            pass
+        pid = os.fork()  # a DataLoader-style worker: its own sinks, never the job's root
+        if pid == 0:
+            with oi.span("in-child"):
+                pass
+            oi.get_tracing().shutdown()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        t.shutdown()
+        """))
+    env = python_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rx.server_address[1]}", RANK="0",
+                     WORLD_SIZE="2")
+    proc = subprocess.run([PYTHON, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    rx.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    spans = [s for _, _, body in rx.bodies for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+             for ss in rs.scope_spans for s in ss.spans]
+    assert sorted(s.name for s in spans) == ["in-child", "job", "step"]
+    (job,) = [s for s in spans if s.name == "job"]
+    assert int.from_bytes(job.span_id, "big") == job_root_span_id("root-job") and not job.parent_span_id
+    assert job.start_time_unix_nano <= min(s.start_time_unix_nano for s in spans if s.name == "step")
+    assert all(s.parent_span_id == job.span_id for s in spans if s.name == "step")
