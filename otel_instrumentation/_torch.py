@@ -24,7 +24,6 @@ import functools
 import os
 from random import getrandbits
 from time import time_ns
-from types import ModuleType
 from typing import Any, Callable
 
 from jobtrace.events import COLLECTIVE_OPS, SpanCategory
@@ -135,15 +134,18 @@ def uninstrument_torch() -> None:
     _PATCHED.clear()
 
 
-def memory_hook(rec: Recorder, interval_s: float = 0.1) -> Callable[[int | None], None]:
-    """A step-end hook recording CUDA memory counters (when initialised) and host RSS (rate-limited)."""
-    cuda: ModuleType | None
-    try:
-        import torch
+def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Callable[[int | None], None]:
+    """A step-end hook recording CUDA memory counters (when initialised) and host RSS (rate-limited).
 
-        cuda = torch.cuda
-    except Exception:  # noqa: BLE001
-        cuda = None
+    ``cuda``: the ``torch.cuda`` module (the default); the seam a test without a GPU uses.
+    """
+    if cuda is None:
+        try:
+            import torch
+
+            cuda = torch.cuda
+        except Exception:  # noqa: BLE001
+            cuda = None
     try:
         # Kept open and read with pread: reopening /proc/self/statm costs ~30 µs a step.
         statm_fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)

@@ -43,3 +43,40 @@ def test_the_sample_is_this_process_rss():
     psutil = pytest.importorskip("psutil")
     rss = sample[3]["rss_bytes"]
     assert abs(rss - psutil.Process().memory_info().rss) < 0.05 * rss and rss > 1 << 20
+
+
+class FakeCuda:
+    """``torch.cuda``'s counters as the hook reads them, for a machine without a GPU: allocation grows 1 MiB a step."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return 0
+
+    def memory_allocated(self, dev: int) -> int:
+        self.allocated += 1 << 20
+        return self.allocated
+
+    def memory_reserved(self, dev: int) -> int:
+        return 2 * self.allocated
+
+    def max_memory_allocated(self, dev: int) -> int:
+        return self.allocated
+
+
+def test_cuda_counters_are_recorded_every_step_while_rss_waits_for_its_interval():
+    items: list[tuple] = []
+    rec = Recorder(resolve_identity(job_id="mem", rank=0, world_size=1, env={}), emit=items.append)
+    hook = memory_hook(rec, 0.1, cuda=FakeCuda())
+    for step in range(5):
+        rec.last_progress_ns = 1_000_000_000_000 + step * 30_000_000  # 30 ms steps
+        hook(step)
+    metrics = [i for i in items if i[0] == _METRIC]
+    assert [m[2] for m in metrics] == [0, 1, 2, 3, 4]
+    assert [m[3]["cuda_allocated_bytes"] >> 20 for m in metrics] == [1, 2, 3, 4, 5]
+    assert all(m[3]["cuda_reserved_bytes"] == 2 * m[3]["cuda_allocated_bytes"] for m in metrics)
+    assert [m[2] for m in metrics if "rss_bytes" in m[3]] == [0, 4]
