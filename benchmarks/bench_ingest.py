@@ -15,6 +15,7 @@ lines, Megatron iteration lines, Hugging Face dicts and tqdm refreshes, headless
 * the same ingest with the plain-line fast path off (``plain_fast_path=False``: every
   line through the general per-line path, as before the fast path);
 * the ingest with Python ``re`` matching (no Hyperscan);
+* the ingest of a file of each kind of line alone (what each kind costs);
 * peak memory of the ingest for two input sizes, to a null sink and to the embedded store
   (whose segments are written at the end; flat memory means the same peak).
 
@@ -88,6 +89,35 @@ def make_log(path: Path, n_lines: int, seed: int = 1) -> int:
             out.write("\n".join(batch) + "\n")
             written += len(batch)
     return written
+
+
+KINDS = ("python logging", "print", "NCCL INFO", "step line", "Megatron iteration", "DeepSpeed progress")
+
+
+def make_kind_log(path: Path, kind: str, n_lines: int) -> None:
+    """``n_lines`` lines of one kind, as in :func:`make_log` (8 ranks, ``srun -l``): the per-kind rates."""
+    rnd = random.Random(2)
+    t = fx.T0
+    with open(path, "w", encoding="utf-8") as out:
+        for i in range(n_lines):
+            rank, step = i % 8, i // 8 + 1
+            if rank == 0:
+                t += timedelta(milliseconds=250)
+            stamp = t.strftime("%Y-%m-%d %H:%M:%S") + f",{t.microsecond // 1000:03d}"
+            line = {
+                "python logging": lambda: f"{stamp} - INFO - trainer.data - prefetched shard {rnd.randint(0, 9999)}",
+                "print": lambda: f"rank {rank}: tokens seen so far {step * 4096 * 8}",
+                "NCCL INFO": lambda: fx.nccl_info(f"node{rank // 4}", 4000 + rank, 4100 + rank, rank % 4,
+                                                  f"Channel {rnd.randint(0, 31):02d}/32 : {rank} {(rank + 1) % 8} via P2P/IPC"),
+                "step line": lambda: (f"{stamp} - INFO - __main__ - step {step} loss 1.2345 lr 0.0003 grad_norm 0.9 "
+                                      f"time 250.0ms (data 2.0ms forward 90.0ms backward 120.0ms allreduce 30.0ms "
+                                      f"optimizer 8.0ms)"),
+                "Megatron iteration": lambda: fx.megatron_iteration(step, elapsed_ms=250.0, when=t),
+                "DeepSpeed progress": lambda: fx.deepspeed_logger(t, "INFO", "logging.py", 128, "log_dist",
+                                                                  fx.deepspeed_log_dist(0, fx.deepspeed_progress(
+                                                                      step, 0, [3e-4], [(0.9, 0.95)]))),
+            }[kind]()
+            out.write(fx.srun_label(rank, 1, line) + "\n")
 
 
 def bare_regex_loop(path: Path) -> float:
@@ -181,6 +211,14 @@ def main() -> None:
                                          "peak_rss_mb": round(r["peak_rss_mb"], 1)}
         results["peak_rss_mb_quarter_input"] = round(child(small, "null")["peak_rss_mb"], 1)
         results["peak_rss_mb_quarter_input_store"] = round(child(small, "store")["peak_rss_mb"], 1)
+        per_kind: dict[str, dict[str, float]] = {}
+        for kind in KINDS:
+            path = Path(tmp) / "kind.log"
+            make_kind_log(path, kind, max(args.lines // 20, 2000))
+            r = child(path, "null")
+            per_kind[kind] = {"lines_per_s": round(r["lines"] / r["cpu_seconds"]),
+                              "events_per_line": round(r["events"] / r["lines"], 2)}
+        results["per_kind"] = per_kind
         results["goal_lines_per_s"] = 500_000
     if args.json:
         print(json.dumps(results, indent=2))
@@ -198,6 +236,9 @@ def main() -> None:
     for key, mode in (("peak_rss_mb_quarter_input", "null"), ("peak_rss_mb_quarter_input_store", "store")):
         print(f"  peak memory, {mode} sink, a quarter of the input: {results[key]} MB "
               f"(full input: {results[f'ingest_{mode}']['peak_rss_mb']} MB)")  # type: ignore[index]
+    print("  per kind of line (a file of that kind alone, null sink):")
+    for kind, r in results["per_kind"].items():  # type: ignore[attr-defined]
+        print(f"    {kind:<22} {r['lines_per_s']:>10,} lines/s  ({r['events_per_line']} events per line)")
     print(f"  goal: {results['goal_lines_per_s']:,} lines/s on one core")
 
 
