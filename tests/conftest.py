@@ -1,4 +1,4 @@
-"""Shared fixtures. Real servers come from tests/servers (VictoriaLogs, OpenSearch)."""
+"""Shared fixtures. Real servers come from tests/servers (VictoriaLogs, OpenSearch, Jaeger)."""
 
 from __future__ import annotations
 

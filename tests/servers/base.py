@@ -1,6 +1,6 @@
 """Shared plumbing for the test servers: cache dir, ports, build lock, process lifecycle.
 
-Why a hand-written harness: the servers we test against (VictoriaLogs, OpenSearch)
+Why a hand-written harness: the servers we test against (VictoriaLogs, OpenSearch, Jaeger)
 cannot be downloaded as release binaries here, only built from the Go module proxy
 and Maven Central. Building takes minutes, so builds are cached per version under
 ``$JOBTRACE_SERVERS_CACHE`` (default ``~/.cache/jobtrace-servers``); a start takes
