@@ -96,20 +96,22 @@ class JaegerServer(ManagedServer):
             raise ServerError(f"{self.name} was never started")
         return f"http://{self.host}:{self.otlp_port}"
 
-    def trace(self, trace_id: str, min_spans: int = 1, timeout: float = 30.0) -> dict[str, Any]:
-        """The trace (Jaeger's JSON) once it holds ``min_spans`` spans and stopped growing; spans arrive in batches."""
+    def trace(self, trace_id: str, min_spans: int = 1, timeout: float = 30.0, settle_s: float = 1.5) -> dict[str, Any]:
+        """The trace (Jaeger's JSON) once it holds ``min_spans`` spans and has not grown for ``settle_s``:
+        spans arrive in batches (the exporters' and the collector's own)."""
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
-        seen = -1
+        seen, since = -1, time.monotonic()
         while time.monotonic() < deadline:
             r = requests.get(f"{self.url}/api/traces/{trace_id}", timeout=10)
             if r.status_code == 200 and r.json().get("data"):
                 last = r.json()["data"][0]
                 n = len(last["spans"])
-                if n >= min_spans and n == seen:
+                if n != seen:
+                    seen, since = n, time.monotonic()
+                elif n >= min_spans and time.monotonic() - since >= settle_s:
                     return last
-                seen = n
-            time.sleep(0.5)
+            time.sleep(0.25)
         if last:
             return last
         raise ServerError(f"{self.name}: trace {trace_id} not found after {timeout:.0f}s")
