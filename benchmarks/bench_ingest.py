@@ -36,8 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -91,12 +92,29 @@ def make_log(path: Path, n_lines: int, seed: int = 1) -> int:
     return written
 
 
-KINDS = ("python logging", "print", "NCCL INFO", "step line", "Megatron iteration", "DeepSpeed progress")
+def _kind_lines(rnd: random.Random) -> dict[str, Callable[[int, int, datetime, str], str]]:
+    """Line makers ``(rank, step, time, logging stamp) -> line``, one per kind, as in :func:`make_log`."""
+    return {
+        "python logging": lambda r, s, t, stamp: f"{stamp} - INFO - trainer.data - prefetched shard {rnd.randint(0, 9999)}",
+        "print": lambda r, s, t, stamp: f"rank {r}: tokens seen so far {s * 4096 * 8}",
+        "NCCL INFO": lambda r, s, t, stamp: fx.nccl_info(f"node{r // 4}", 4000 + r, 4100 + r, r % 4,
+                                                          f"Channel {rnd.randint(0, 31):02d}/32 : {r} {(r + 1) % 8} via P2P/IPC"),
+        "step line": lambda r, s, t, stamp: (f"{stamp} - INFO - __main__ - step {s} loss 1.2345 lr 0.0003 grad_norm 0.9 "
+                                             f"time 250.0ms (data 2.0ms forward 90.0ms backward 120.0ms allreduce 30.0ms "
+                                             f"optimizer 8.0ms)"),
+        "Megatron iteration": lambda r, s, t, stamp: fx.megatron_iteration(s, elapsed_ms=250.0, when=t),
+        "DeepSpeed progress": lambda r, s, t, stamp: fx.deepspeed_logger(
+            t, "INFO", "logging.py", 128, "log_dist",
+            fx.deepspeed_log_dist(0, fx.deepspeed_progress(s, 0, [3e-4], [(0.9, 0.95)]))),
+    }
+
+
+KINDS = tuple(_kind_lines(random.Random()))
 
 
 def make_kind_log(path: Path, kind: str, n_lines: int) -> None:
     """``n_lines`` lines of one kind, as in :func:`make_log` (8 ranks, ``srun -l``): the per-kind rates."""
-    rnd = random.Random(2)
+    line = _kind_lines(random.Random(2))[kind]
     t = fx.T0
     with open(path, "w", encoding="utf-8") as out:
         for i in range(n_lines):
@@ -104,20 +122,7 @@ def make_kind_log(path: Path, kind: str, n_lines: int) -> None:
             if rank == 0:
                 t += timedelta(milliseconds=250)
             stamp = t.strftime("%Y-%m-%d %H:%M:%S") + f",{t.microsecond // 1000:03d}"
-            line = {
-                "python logging": lambda: f"{stamp} - INFO - trainer.data - prefetched shard {rnd.randint(0, 9999)}",
-                "print": lambda: f"rank {rank}: tokens seen so far {step * 4096 * 8}",
-                "NCCL INFO": lambda: fx.nccl_info(f"node{rank // 4}", 4000 + rank, 4100 + rank, rank % 4,
-                                                  f"Channel {rnd.randint(0, 31):02d}/32 : {rank} {(rank + 1) % 8} via P2P/IPC"),
-                "step line": lambda: (f"{stamp} - INFO - __main__ - step {step} loss 1.2345 lr 0.0003 grad_norm 0.9 "
-                                      f"time 250.0ms (data 2.0ms forward 90.0ms backward 120.0ms allreduce 30.0ms "
-                                      f"optimizer 8.0ms)"),
-                "Megatron iteration": lambda: fx.megatron_iteration(step, elapsed_ms=250.0, when=t),
-                "DeepSpeed progress": lambda: fx.deepspeed_logger(t, "INFO", "logging.py", 128, "log_dist",
-                                                                  fx.deepspeed_log_dist(0, fx.deepspeed_progress(
-                                                                      step, 0, [3e-4], [(0.9, 0.95)]))),
-            }[kind]()
-            out.write(fx.srun_label(rank, 1, line) + "\n")
+            out.write(fx.srun_label(rank, 1, line(rank, step, t, stamp)) + "\n")
 
 
 def bare_regex_loop(path: Path) -> float:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 

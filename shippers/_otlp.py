@@ -30,6 +30,7 @@ class RootSpan(NamedTuple):
     name: str
     start_ns: int
 
+
 _SPAN_MARK = b'"kind":"span"'
 
 
@@ -60,14 +61,9 @@ class OtlpSpanSink:
                     self.converted += 1
 
     def _to_span(self, ev: dict[str, Any]) -> Any:
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
         try:
-            trace_id = int(ev["trace_id"], 16)
-            ctx = SpanContext(trace_id, int(ev["span_id"], 16), False, TraceFlags(TraceFlags.SAMPLED))
-            parent = (SpanContext(trace_id, int(ev["parent_id"], 16), False, TraceFlags(TraceFlags.SAMPLED))
-                      if ev.get("parent_id") else None)
+            trace_id, span_id = int(ev["trace_id"], 16), int(ev["span_id"], 16)
+            parent_id = int(ev["parent_id"], 16) if ev.get("parent_id") else None
         except (KeyError, TypeError, ValueError):
             return None
         attrs: dict[str, Any] = {"jobtrace.category": ev.get("cat", "user"), "jobtrace.rank": ev.get("rank", 0),
@@ -80,28 +76,31 @@ class OtlpSpanSink:
                 error = str(v)
             elif isinstance(v, (str, bool, int, float)):
                 attrs[f"jobtrace.{k}"] = v
-        status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
         start = ev.get("start", ev["ts"])
-        return ReadableSpan(
-            name=ev.get("name", "span"), context=ctx, parent=parent, resource=self._resource, attributes=attrs,
-            kind=SpanKind.INTERNAL, status=status, start_time=start, end_time=start + ev.get("dur", 0),
-        )
+        return self._readable(ev.get("name", "span"), trace_id, span_id, parent_id, attrs, start,
+                              start + ev.get("dur", 0), error)
 
-    def _root_span(self, root: RootSpan, end_ns: int) -> Any:
+    def _readable(self, name: str, trace_id: int, span_id: int, parent_id: int | None, attrs: dict[str, Any],
+                  start: int, end: int, error: str | None = None) -> Any:
+        """A finished SDK span of this sink's resource, for the batch processor."""
         from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-        ctx = SpanContext(root.trace_id, root.span_id, False, TraceFlags(TraceFlags.SAMPLED))
-        return ReadableSpan(name=root.name, context=ctx, parent=None, resource=self._resource,
-                            attributes={"jobtrace.category": "job"}, kind=SpanKind.INTERNAL,
-                            start_time=root.start_ns, end_time=max(end_ns, root.start_ns))
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        parent = SpanContext(trace_id, parent_id, False, flags) if parent_id is not None else None
+        return ReadableSpan(name=name, context=SpanContext(trace_id, span_id, False, flags), parent=parent,
+                            resource=self._resource, attributes=attrs, kind=SpanKind.INTERNAL,
+                            status=Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET),
+                            start_time=start, end_time=end)
 
     def flush(self) -> None:
         """The SDK processor exports on its own schedule; a final flush happens in close()."""
 
     def close(self) -> None:
-        if self._root is not None:
-            self._processor.on_end(self._root_span(self._root, time.time_ns()))
-            self._root = None
+        root, self._root = self._root, None
+        if root is not None:
+            self._processor.on_end(self._readable(root.name, root.trace_id, root.span_id, None,
+                                                  {"jobtrace.category": "job"}, root.start_ns,
+                                                  max(time.time_ns(), root.start_ns)))
         self._processor.force_flush(5000)
         self._processor.shutdown()

@@ -13,17 +13,22 @@ from otel_instrumentation._torch import memory_hook
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="host RSS is read from /proc")
 
 
-def run_steps(interval_s: float, step_ms: list[float]) -> list[tuple]:
+def metric_items(interval_s: float, step_ms: list[float], cuda=None) -> list[tuple]:
     """Call the step-end hook as ``Span.__exit__`` does, at step ends ``step_ms`` apart (simulated clock)."""
     items: list[tuple] = []
     rec = Recorder(resolve_identity(job_id="mem", rank=0, world_size=1, env={}), emit=items.append)
-    hook = memory_hook(rec, interval_s)
+    hook = memory_hook(rec, interval_s, cuda=cuda)
     now = 1_000_000_000_000
     for step, ms in enumerate(step_ms):
         now += int(ms * 1e6)
         rec.last_progress_ns = now
         hook(step)
-    return [i for i in items if i[0] == _METRIC and "rss_bytes" in i[3]]
+    return [i for i in items if i[0] == _METRIC]
+
+
+def run_steps(interval_s: float, step_ms: list[float]) -> list[tuple]:
+    """The RSS samples of :func:`metric_items`."""
+    return [i for i in metric_items(interval_s, step_ms) if "rss_bytes" in i[3]]
 
 
 def test_rss_is_sampled_at_most_once_per_interval_and_dated_to_its_step():
@@ -69,13 +74,7 @@ class FakeCuda:
 
 
 def test_cuda_counters_are_recorded_every_step_while_rss_waits_for_its_interval():
-    items: list[tuple] = []
-    rec = Recorder(resolve_identity(job_id="mem", rank=0, world_size=1, env={}), emit=items.append)
-    hook = memory_hook(rec, 0.1, cuda=FakeCuda())
-    for step in range(5):
-        rec.last_progress_ns = 1_000_000_000_000 + step * 30_000_000  # 30 ms steps
-        hook(step)
-    metrics = [i for i in items if i[0] == _METRIC]
+    metrics = metric_items(0.1, [30.0] * 5, cuda=FakeCuda())  # 30 ms steps
     assert [m[2] for m in metrics] == [0, 1, 2, 3, 4]
     assert [m[3]["cuda_allocated_bytes"] >> 20 for m in metrics] == [1, 2, 3, 4, 5]
     assert all(m[3]["cuda_reserved_bytes"] == 2 * m[3]["cuda_allocated_bytes"] for m in metrics)

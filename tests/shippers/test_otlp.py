@@ -33,16 +33,26 @@ class Receiver(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
 
 
+def run_child(tmp_path, source: str, rank: int) -> list[tuple[str, str, bytes]]:
+    """Run ``source`` as rank ``rank`` of 2 with an OTLP endpoint; the (path, content type, body) of each request."""
+    rx = Receiver()
+    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(source))
+    env = python_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rx.server_address[1]}", RANK=str(rank),
+                     WORLD_SIZE="2")
+    proc = subprocess.run([PYTHON, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    rx.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    return rx.bodies
+
+
 def test_step_and_phase_spans_arrive_as_otlp_with_the_job_trace_and_resource(tmp_path):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from otel_instrumentation import trace_id_for_job
 
-    rx = Receiver()
-    threading.Thread(target=rx.serve_forever, daemon=True).start()
-    script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(
-        """
+    bodies = run_child(tmp_path, """
         import otel_instrumentation as oi
         t = oi.init_tracing("otlp-job", data_dir="store", torch=False)
         for i in range(3):
@@ -50,14 +60,9 @@ def test_step_and_phase_spans_arrive_as_otlp_with_the_job_trace_and_resource(tmp
                 with oi.phase("forward"):
                     pass
         t.shutdown()
-        """))
-    env = python_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rx.server_address[1]}", RANK="1",
-                     WORLD_SIZE="2")
-    proc = subprocess.run([PYTHON, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    rx.shutdown()
-    assert proc.returncode == 0, proc.stderr
+        """, rank=1)
     spans, resources = [], []
-    for path, ctype, body in rx.bodies:
+    for path, ctype, body in bodies:
         assert path == "/v1/traces" and ctype == "application/x-protobuf"
         req = ExportTraceServiceRequest.FromString(body)
         for rs in req.resource_spans:
@@ -77,11 +82,7 @@ def test_rank_0_closes_the_job_root_span_once_even_with_a_forked_child(tmp_path)
 
     from otel_instrumentation._identity import job_root_span_id
 
-    rx = Receiver()
-    threading.Thread(target=rx.serve_forever, daemon=True).start()
-    script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(
-        """
+    bodies = run_child(tmp_path, """
         import os
         import otel_instrumentation as oi
         t = oi.init_tracing("root-job", data_dir="store", torch=False)
@@ -95,13 +96,8 @@ def test_rank_0_closes_the_job_root_span_once_even_with_a_forked_child(tmp_path)
             os._exit(0)
         os.waitpid(pid, 0)
         t.shutdown()
-        """))
-    env = python_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{rx.server_address[1]}", RANK="0",
-                     WORLD_SIZE="2")
-    proc = subprocess.run([PYTHON, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    rx.shutdown()
-    assert proc.returncode == 0, proc.stderr
-    spans = [s for _, _, body in rx.bodies for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+        """, rank=0)
+    spans = [s for _, _, body in bodies for rs in ExportTraceServiceRequest.FromString(body).resource_spans
              for ss in rs.scope_spans for s in ss.spans]
     assert sorted(s.name for s in spans) == ["in-child", "job", "step"]
     (job,) = [s for s in spans if s.name == "job"]
