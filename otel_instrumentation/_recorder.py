@@ -23,16 +23,20 @@ import logging
 import math
 import threading
 import traceback
+from collections import deque
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
 from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines, json_default
 
 from ._identity import Identity
+
+if TYPE_CHECKING:
+    from shippers._batch import BatchWorker
 
 __all__ = ["Recorder", "Span"]
 
@@ -94,7 +98,7 @@ class Span:
 
     def __enter__(self) -> Span:
         rec = self._rec
-        self._stack = stack = rec.stack()
+        self._stack = stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
         self.parent_id = stack[-1].span_id if stack else rec.root_span_id
         self.span_id = getrandbits(64) or 1
         if self.step is None:
@@ -117,7 +121,12 @@ class Span:
         if exc_type is not None:
             attrs = dict(attrs or ())
             attrs["error"] = f"{exc_type.__name__}: {exc}"
-        rec.emit((_SPAN, self.span_id, self.parent_id, self.name, self.cat, self.start, end, self.step, attrs))
+        item = (_SPAN, self.span_id, self.parent_id, self.name, self.cat, self.start, end, self.step, attrs)
+        q = rec.queue
+        if q is not None and len(q) < rec.queue_room:
+            q.append(item)  # what emit does at this length, without its call (BatchWorker.direct_queue)
+        else:
+            rec.emit(item)
         rec.last_progress_ns = end
         if self.cat == _STEP:
             for hook in rec.step_end_hooks:
@@ -130,6 +139,9 @@ class Recorder:
     def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
         self.identity = identity
         self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
+        # Set by bind(): the export queue that spans append to directly while it is short.
+        self.queue: deque[tuple[Any, ...]] | None = None
+        self.queue_room = 0
         self.step: int | None = None
         self.root_span_id = int(identity.parent_span_id, 16) if identity.parent_span_id else None
         self.last_progress_ns = time_ns()
@@ -139,7 +151,7 @@ class Recorder:
         self._local = threading.local()
         self.main_stack: list[Span] = []
         self._local.stack = self.main_stack
-        self._main_ident = threading.get_ident()
+        self.main_ident = threading.get_ident()
         self._base: dict[str, Any] = {
             "job": identity.job_id,
             "trace_id": identity.trace_id,
@@ -152,6 +164,11 @@ class Recorder:
         }
         self._base_json = _DUMPS(self._base)[1:-1]  # the identity fields, encoded once for every line
         self._strings: dict[str, bytes] = {}
+
+    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
+        """Queue items on ``worker``: through ``emit``, or (spans, log records) straight onto its queue."""
+        self.emit = worker.emit
+        self.queue, self.queue_room = worker.direct_queue()
 
     # ---- training thread ------------------------------------------------------------
     def stack(self) -> list[Span]:
@@ -185,23 +202,35 @@ class Recorder:
         exc = record.exc_text
         if record.exc_info and record.exc_info[0] is not None and not exc:
             exc = "".join(traceback.format_exception(*record.exc_info))  # rare: an exception is logged
-        if get_ident() == self._main_ident:
+        if get_ident() == self.main_ident:
             stack = self.main_stack
             if progress:
                 self.last_progress_ns = time_ns()
         else:
             stack = self.stack()
-        self.emit((_LOG, record.created, record.levelname, record.name, msg, args, exc,
-                   stack[-1].span_id if stack else self.root_span_id, self.step))
+        item = (_LOG, record.created, record.levelname, record.name, msg, args, exc,
+                stack[-1].span_id if stack else self.root_span_id, self.step)
+        q = self.queue
+        if q is not None and len(q) < self.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            self.emit(item)
 
     def metrics(self, step: int | None, values: dict[str, Any]) -> None:
         """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
         if not _PLAIN_VALUES.issuperset(map(type, values.values())):
             # A tensor, say: keep its value, not its autograd graph, until the export thread reads it.
-            values = {k: (v.detach() if hasattr(v, "detach") else v) for k, v in values.items()}
-        stack = self.main_stack if get_ident() == self._main_ident else self.stack()
-        self.emit((_METRIC, time_ns(), self.step if step is None else step, values,
-                   stack[-1].span_id if stack else self.root_span_id))
+            for k, v in values.items():
+                if hasattr(v, "detach"):
+                    values[k] = v.detach()  # the caller's own fresh ``**kwargs`` dict: ours to change
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        item = (_METRIC, time_ns(), self.step if step is None else step, values,
+                stack[-1].span_id if stack else self.root_span_id)
+        q = self.queue
+        if q is not None and len(q) < self.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            self.emit(item)
 
     def heartbeat(self, attrs: dict[str, Any]) -> None:
         self.emit((_BEAT, time_ns(), self.step, attrs))

@@ -95,7 +95,7 @@ class Tracing:
         self.worker: BatchWorker[tuple[Any, ...]] = BatchWorker(
             self.recorder.encode_batch, sinks, flush_interval_s=flush_interval_s
         )
-        self.recorder.emit = self.worker.emit
+        self.recorder.bind(self.worker)
         self._flush_interval_s = flush_interval_s
         self.heartbeat_s = heartbeat_s
         self.stall_dump_s = stall_dump_s
@@ -257,7 +257,7 @@ class Tracing:
         self.recorder._base["pid"] = ident.pid
         sinks = self._sink_factory(ident) if self._sink_factory else []
         self.worker = BatchWorker(self.recorder.encode_batch, sinks, flush_interval_s=self._flush_interval_s)
-        self.recorder.emit = self.worker.emit
+        self.recorder.bind(self.worker)
         self._stop_beat.set()  # heartbeats describe the rank; the parent keeps sending them
         atexit.register(self.shutdown)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 from random import getrandbits
+from threading import get_ident
 from time import time_ns
 from typing import Any, Callable
 
@@ -79,7 +80,7 @@ def _make_wrapper(
         seq = seqs.get(key, 0) + 1
         seqs[key] = seq
         payload = _payload_bytes(args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list")))
-        stack = rec.stack()
+        stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
         parent = stack[-1].span_id if stack else rec.root_span_id
         t0 = time_ns()
         rec.in_collective = (op, info[0], seq, t0, payload)

@@ -98,3 +98,49 @@ def test_a_bad_format_with_mutable_args_is_reported_like_one_with_immutable_args
     (line,) = rec.encode_batch(items)
     assert line == _general(rec, items[0])
     assert orjson.loads(line)["msg"] == expected
+
+
+def test_spans_logs_and_metrics_appended_directly_stay_bounded_and_all_arrive(tmp_path):
+    """Items skip ``emit`` only while the queue is short: a stalled sink still gets a bounded queue, a spill, every item."""
+    import threading
+    import time
+
+    from shippers import BatchWorker
+
+    release = threading.Event()
+
+    class StalledSink:
+        lines: list[bytes] = []
+
+        def write(self, lines):
+            release.wait(10)
+            self.lines.extend(lines)
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    rec = Recorder(resolve_identity(job_id="bounded", rank=0, world_size=1, env={}))
+    sink = StalledSink()
+    worker = BatchWorker(rec.encode_batch, [sink], max_queue=300, batch_size=50, flush_interval_s=0.01,
+                         spill_path=str(tmp_path / "spill.jsonl"))
+    rec.bind(worker)
+    log = logging.getLogger("bounded.test")
+    peak = 0
+    for i in range(400):
+        with rec.span("step", "step", step=i):
+            with rec.span("forward", "phase"):
+                rec.log_record(log.makeRecord("bounded.test", logging.INFO, __file__, 1, "i=%d", (i,), None))
+        rec.metrics(i, {"loss": 0.5})
+        peak = max(peak, worker.queued)
+        if i == 10:
+            time.sleep(0.1)  # the exporter now holds a batch and waits on the stalled sink
+    assert peak <= 300 + 1
+    assert worker.stats.spilled > 0
+    release.set()
+    worker.shutdown()
+    kinds = [orjson.loads(x)["kind"] for x in sink.lines]
+    assert len(kinds) == 400 * 4
+    assert kinds.count("span") == 800 and kinds.count("log") == 400 and kinds.count("metric") == 400
