@@ -11,10 +11,12 @@ lines, Megatron iteration lines, Hugging Face dicts and tqdm refreshes, headless
 * ``grep -c`` over the file: the I/O floor;
 * a bare Python loop over the lines doing what the engine's regexes do (head
   layout match plus the combined trigger search with ``re``): the "plain regex loop";
-* the ingest, Hyperscan matching, to a null sink and to the embedded store;
-* the same ingest with the plain-line fast path off (``plain_fast_path=False``: every
+* the ingest, Hyperscan matching, to a null sink and to the embedded store, as a user
+  runs it (with the compiled fast lane, ``ingest/native``, where it is built);
+* the same to a null sink with the Python engine alone (``native=False``);
+* the Python engine with the plain-line fast path off (``plain_fast_path=False``: every
   line through the general per-line path, as before the fast path);
-* the ingest with Python ``re`` matching (no Hyperscan);
+* the Python engine with Python ``re`` matching (no Hyperscan);
 * the ingest of a file of each kind of line alone (what each kind costs);
 * peak memory of the ingest for two input sizes, to a null sink and to the embedded store
   (whose segments are written at the end; flat memory means the same peak).
@@ -171,11 +173,14 @@ def run_ingest_child(path: str, mode: str) -> dict[str, float]:
             factory = open_sink("local", "bench", data_dir=store)
         else:
             factory = lambda node, rank: Null()  # noqa: E731
-        config = IngestConfig(job="bench", use_hyperscan=use_hs, plain_fast_path=mode != "general")
+        # "null"/"store": as a user runs it (the compiled lane when built); the others: the Python engine alone.
+        config = IngestConfig(job="bench", use_hyperscan=use_hs, plain_fast_path=mode != "general",
+                              native=None if mode in ("null", "store") else False)
         t0, c0 = time.perf_counter(), time.process_time()
         s = Ingestor(config, factory).run([path])
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return {"seconds": dt, "cpu_seconds": cpu, "lines": s.lines, "events": sum(s.events.values()), "matcher": s.matcher,
+        return {"seconds": dt, "cpu_seconds": cpu, "lines": s.lines, "events": sum(s.events.values()),
+                "matcher": s.matcher + (" + compiled lane" if s.fast_lane else ""),
                 "skipped": s.skipped_total, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     finally:
         shutil.rmtree(store, ignore_errors=True)
@@ -207,7 +212,7 @@ def main() -> None:
         if g:
             results["grep_c_lines_per_s"] = round(n / g)
         results["bare_regex_loop_lines_per_s"] = round(n / bare_regex_loop(big))
-        for mode in ("null", "general", "store", "re"):
+        for mode in ("null", "python", "general", "store", "re"):
             r = child(big, mode)
             results[f"ingest_{mode}"] = {"lines_per_s": round(r["lines"] / r["cpu_seconds"]),
                                          "wall_lines_per_s": round(r["lines"] / r["seconds"]),
@@ -232,7 +237,8 @@ def main() -> None:
     if "grep_c_lines_per_s" in results:
         print(f"  grep -c (I/O floor)                 {results['grep_c_lines_per_s']:>12,} lines/s")
     print(f"  bare Python regex loop (baseline)    {results['bare_regex_loop_lines_per_s']:>12,} lines/s")
-    for mode, label in (("null", "ingest, null sink"), ("general", "ingest, general path only, null sink"),
+    for mode, label in (("null", "ingest, null sink"), ("python", "ingest, Python engine only, null sink"),
+                        ("general", "ingest, general path only, null sink"),
                         ("store", "ingest → embedded store"), ("re", "ingest, re matching, null sink")):
         r = results[f"ingest_{mode}"]
         assert isinstance(r, dict)

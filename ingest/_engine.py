@@ -34,6 +34,8 @@ from otel_instrumentation._identity import trace_id_for_job
 from shippers import Sink
 
 from ._align import ClockOffset, SyncMoments, estimate_offsets
+from ._lane import lane_module, new_lane
+from .parsers._util import set_span_id_counter, span_id_counter
 from ._match import Matcher, make_matcher
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
@@ -71,6 +73,8 @@ class IngestConfig:
         use_hyperscan: ``None`` = when installed.
         plain_fast_path: write strict plain log lines straight from bytes (see :mod:`._plain`); off only to
             compare with the general path.
+        native: read the common lines with the compiled fast lane (see :mod:`._lane`): ``None`` = when
+            installed, ``False`` = never (the reference), ``True`` = required.
     """
 
     job: str
@@ -91,6 +95,7 @@ class IngestConfig:
     batch_lines: int = 4096
     use_hyperscan: bool | None = None
     plain_fast_path: bool = True
+    native: bool | None = None
 
 
 @dataclass
@@ -112,6 +117,7 @@ class IngestSummary:
     clock_offsets: list[ClockOffset] = field(default_factory=list)
     alignment_residual_ms: float | None = None
     matcher: str = ""
+    fast_lane: bool = False
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -129,10 +135,11 @@ class IngestSummary:
 class _Out:
     """One output stream: a (node, rank) and its sink, with pre-encoded identity."""
 
-    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident")
+    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident", "index")
 
-    def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink) -> None:
-        self.node, self.rank, self.sink = node, rank, sink
+    def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink,
+                 index: int = 0) -> None:
+        self.node, self.rank, self.sink, self.index = node, rank, sink, index
         self.buf: list[bytes] = []
         self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
                       "node": node, "pid": 0, "v": SCHEMA_VERSION}
@@ -162,7 +169,7 @@ class _Stream:
 
 class _Src:
     __slots__ = ("source", "fid", "ident", "mode", "streams", "carry", "discard", "order", "fh", "mtime_ns",
-                 "done", "default_day", "by_label")
+                 "done", "default_day", "by_label", "lane", "lane_streams")
 
     def __init__(self, source: Source, fid: int, ident: FileIdentity) -> None:
         self.source = source
@@ -178,6 +185,8 @@ class _Src:
         self.done = False
         self.default_day: int | None = (self.mtime_ns // 86_400_000_000_000) if self.mtime_ns else None
         self.by_label: dict[bytes, _Stream] = {}  # srun label as written (b"" without prefix) → its stream
+        self.lane: Any = None  # the compiled fast lane reading this file (see ._lane), if any
+        self.lane_streams: dict[int | None, _Stream] = {}  # streams the lane holds, by srun label (None: none)
 
 
 ProgressFn = Callable[[int, int, int, int], None]
@@ -215,6 +224,7 @@ class Ingestor:
         self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
         self._trace = trace_id_for_job(config.job)
         self._outs: dict[tuple[str, int], _Out] = {}
+        self._out_list: list[_Out] = []  # by index, as the fast lane names them
         self._rank_nodes: dict[int, str] = {}
         self._used_ranks: set[int] = set()
         self._next_guess = 0
@@ -222,6 +232,11 @@ class Ingestor:
         self._offsets: dict[str, ClockOffset] = {}
         self._sync: SyncMoments | None = None
         self.summary = IngestSummary(job=config.job, matcher=self._matcher.engine)
+        if config.native and lane_module() is None:
+            from jobtrace.errors import ConfigError
+
+            raise ConfigError("the compiled ingest lane is not installed: pip install ./ingest/native")
+        self._use_lane = config.native is not False and lane_module() is not None
         self._n_log = 0
         self._events: dict[str, int] = {}
         self._bytes_total = 0
@@ -330,7 +345,8 @@ class Ingestor:
         if out is None:
             world = max(self.cfg.world_size or 0, self._max_rank + 1, rank + 1)
             out = self._outs[key] = _Out(self.cfg.job, self._trace, node, rank, local, world,
-                                         self._sink_factory(node, rank))
+                                         self._sink_factory(node, rank), len(self._out_list))
+            self._out_list.append(out)
         return out
 
     # ---- reading ----------------------------------------------------------------
@@ -348,6 +364,10 @@ class Ingestor:
             truncated = src.discard
             src.discard = False
             self._block(src, tail, last=True, truncated=truncated)
+        if src.lane is not None:  # what the lane still holds (lines waiting for a time) goes back to the streams
+            for label in list(src.lane_streams):
+                self._lane_export(src, label)
+            src.lane, src.lane_streams = None, {}
         for stream in src.streams.values():
             self._end_block(stream)
             self._release_pending(stream, final=True)
@@ -556,6 +576,15 @@ class Ingestor:
     def _block(self, src: _Src, block: bytes, last: bool, truncated: bool = False) -> None:
         if src.mode is None:
             src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
+            if self._use_lane:
+                src.lane = new_lane(src.mode, self._tz, self._parsers, self.cfg.max_msg_chars, self.cfg.pending_cap)
+                self.summary.fast_lane = self.summary.fast_lane or src.lane is not None
+        if src.lane is not None:
+            if truncated:
+                self._lane_give_back(src, block, None, True)
+            else:
+                self._lane_block(src, block)
+            return
         hits = self._matcher.scan(block)
         if hits is not None:
             if not hits:
@@ -565,6 +594,79 @@ class Ingestor:
         else:
             it = ((raw, None) for raw in block.split(b"\n"))
         self._lines(src, it, truncated)
+
+    # ---- the compiled fast lane (see ._lane) --------------------------------------------
+    def _lane_block(self, src: _Src, block: bytes) -> None:
+        """The lane reads the block; each line it gives back is read here, in order, with its stream's state."""
+        lane = src.lane
+        pos = 0
+        while True:
+            lane.next_span_id = span_id_counter()  # one count of span ids, whichever engine makes them
+            stop = lane.run(block, pos)
+            set_span_id_counter(lane.next_span_id)
+            self._lane_drain(src)
+            if stop is None:
+                return
+            start, end, label, ids = stop
+            self._lane_give_back(src, block[start:end], frozenset(ids), False, label)
+            if end >= len(block):
+                return
+            pos = end + 1
+
+    def _lane_give_back(self, src: _Src, raw: bytes, ids: frozenset[int] | None, truncated: bool,
+                        label: int | None = None) -> None:
+        if ids is None:  # a cut line: its label as the lane would read it
+            m = _SRUN_LABEL.match(raw) if src.mode == PrefixMode.SRUN else None
+            label = int(m.group(1)) if m else None
+        if label in src.lane_streams:
+            self._lane_export(src, label)
+        self._lines(src, ((raw, ids),), truncated)
+        stream = src.lane_streams.get(label)
+        if stream is None:
+            stream = src.streams.get(make_prefix(None, label, None, None) if label is not None else None)
+            if stream is None:
+                return
+            src.lane_streams[label] = stream
+        # The lane takes the stream (back) with Python's state of it. Until Python has made its output
+        # (which fixes the world size written in its events), the lane takes only lines that wait for a time.
+        out = stream.out
+        src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
+                            stream.block is not None or bool(stream.pending), src.mtime_ns or None,
+                            stream.state.state("generic-step"))
+
+    def _lane_export(self, src: _Src, label: int | None) -> None:
+        """Hand what the lane holds of a stream (last time, head day, lines waiting for a time) to it."""
+        got = src.lane.export(label)
+        if got is None:
+            return
+        last_ts, day, pending = got
+        stream = src.lane_streams[label]
+        stream.last_ts = last_ts
+        if day is not None:
+            stream.head.note_iso(day)
+        if pending:
+            stream.pending.extend(pending)
+
+    def _lane_drain(self, src: _Src) -> None:
+        outs, counts, sync = src.lane.drain()
+        for index, data in outs:  # sinks take one event line per item
+            self._out_list[index].buf.extend(data.splitlines(keepends=True))
+        s = self.summary
+        s.lines += counts["lines"]
+        s.parsed += counts["parsed"]
+        s.estimated_ts += counts["estimated"]
+        self._n_log += counts["log"]
+        events = self._events
+        for kind in ("metric", "span"):
+            if counts[kind]:
+                events[kind] = events.get(kind, 0) + counts[kind]
+        by = s.lines_by_parser
+        for name in ("generic-step", "nccl"):
+            if counts[name]:
+                by[name] = by.get(name, 0) + counts[name]
+        if sync and self._sync is not None:
+            for label, step, ts in sync:
+                self._sync.add(src.lane_streams[label].domain, step, ts)
 
     def _lines(self, src: _Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
         summary = self.summary
@@ -915,6 +1017,7 @@ class Ingestor:
 
 
 _EMPTY: Final = frozenset[int]()
+_SRUN_LABEL: Final = re.compile(rb" *(\d{1,6}): ")
 
 
 def _has_log(events: list[dict[str, Any]]) -> bool:

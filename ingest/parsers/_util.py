@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any, Final, Iterable
 
-__all__ = ["COLLECTIVE_ALIASES", "collective_op", "layout_spans", "metric_value", "new_span_id", "number", "step_span"]
+__all__ = ["COLLECTIVE_ALIASES", "collective_op", "layout_spans", "metric_value", "new_span_id", "number",
+           "set_span_id_counter", "span_id_counter", "step_span"]
 
-_ids = itertools.count(1)
+_next_id = 1
 
 
 def new_span_id() -> str:
     """A process-unique 64-bit span id (hex); ingested spans need only be unique within a job."""
-    return f"{0x6a74 << 48 | next(_ids):016x}"
+    global _next_id
+    n = _next_id
+    _next_id = n + 1
+    return f"{0x6a74 << 48 | n:016x}"
+
+
+def span_id_counter() -> int:
+    """The number the next span id is made from (the compiled lane continues the same count)."""
+    return _next_id
+
+
+def set_span_id_counter(n: int) -> None:
+    global _next_id
+    _next_id = n
 
 
 def number(text: str) -> float | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from pathlib import Path
 
@@ -48,8 +47,7 @@ def run_ingest(tmp_path: Path, files: dict[str, list[str] | bytes], **cfg):
         path.write_bytes(content if isinstance(content, bytes) else ("\n".join(content) + "\n").encode())
     cap = Captured()
     cfg.setdefault("job", "test-job")
-    start = next(_util._ids)
-    _util._ids = itertools.count(start)
+    start = _util.span_id_counter()
     summary = Ingestor(IngestConfig(**cfg), cap.factory).run([str(root)])
     assert summary.lines == summary.parsed + summary.skipped_total
     # every fixture also checks that the fast paths write what the general per-line path writes

@@ -1,0 +1,56 @@
+"""The compiled fast lane (``jobtrace_native``, built from ``ingest/native/``): whether and how to use it.
+
+The Python engine reads every line at ~10 µs whatever is optimised in it (its time is
+spread over decoding, routing, parsing and encoding alike), so the 500,000 lines/s goal
+needs compiled code. The lane takes the common kinds of line (strict Python ``logging``
+lines, the generic step lines, ``print`` lines, NCCL INFO lines) and gives every other
+line back to the engine in order, with the state of the stream it belongs to; its output
+is byte for byte the engine's (``tests/ingest/test_native.py``). It is optional: without
+the compiled module, or for inputs it does not cover, the Python engine does all the work.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Sequence
+
+from ._prefix import PrefixMode
+from ._timestamps import TzSpec
+from ._types import Parser
+
+__all__ = ["lane_module", "new_lane"]
+
+_native: Any
+try:  # by name: an optional compiled module, typed here as Any
+    _native = importlib.import_module("jobtrace_native")
+except ImportError:  # not built: the Python engine does everything
+    _native = None
+
+
+def lane_module() -> Any | None:
+    """The compiled module, or ``None`` when it is not installed."""
+    return _native
+
+
+def new_lane(mode: str | None, tz: TzSpec, parsers: Sequence[Parser], max_msg_chars: int, pending_cap: int) -> Any | None:
+    """A fast lane for one input file, or ``None`` where it does not apply.
+
+    It applies to files without a launcher prefix or with ``srun -l`` labels, naive
+    times in a fixed zone, and the built-in generic step and NCCL parsers (other parsers,
+    the user's included, keep their lines: the lane gives back every line they trigger on).
+    """
+    from .parsers.generic import GenericStepParser, _role
+    from .parsers.torch_distributed import NcclParser
+
+    if _native is None or mode not in (PrefixMode.NONE, PrefixMode.SRUN) or tz.fixed_offset_s is None:
+        return None
+    for p in parsers:
+        if p.name == "generic-step" and type(p) is not GenericStepParser:
+            return None
+        if p.name == "nccl" and type(p) is not NcclParser:
+            return None
+    try:
+        return _native.FastLane(mode, tz.fixed_offset_s, max_msg_chars, pending_cap,
+                                [list(p.triggers) for p in parsers], [p.name for p in parsers], _role)
+    except ValueError:  # a trigger the Rust regex engine does not take: the Python engine reads the file
+        return None

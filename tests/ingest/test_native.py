@@ -1,0 +1,132 @@
+"""The compiled fast lane (``ingest/native``) writes exactly what the Python engine writes.
+
+Every ingest test already compares the lane's output with the general per-line path
+(:mod:`tests.ingest.paths`); these tests aim at what the lane itself reads: step lines
+at the edges of the generic parser's pattern, lines that wait for a time, the hand-over
+of a stream's state when a line goes back to Python, and that the lane really reads the
+common lines (so that the comparisons do not compare Python with itself).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.ingest import fixtures as fx
+from tests.ingest.paths import assert_paths_agree
+from tests.ingest.test_plain import bench_module, plain, write
+
+if os.environ.get("CI"):
+    import jobtrace_native  # noqa: F401 - CI builds the lane: its absence must fail, not skip
+else:
+    pytest.importorskip("jobtrace_native")
+
+
+def step(n: int, rest: str, stamp: str = "2026-01-05 12:00:00,250") -> str:
+    return plain(f"step {n} {rest}", logger="__main__", stamp=stamp)
+
+
+STEP_EDGES = [
+    step(1, "loss 1.9802 lr 0.0003 grad_norm 1.196 time 250.0ms (data 2.0ms forward 90.0ms backward 120.0ms "
+            "allreduce 30.0ms optimizer 8.0ms)"),
+    step(2, "loss nan lr inf grad_norm -inf time 1.5 s"),
+    step(3, "loss NaN scale Infinity time 3 ms"),
+    step(4, "loss=0.5, lr=1e-5, grad_norm=2.5e+3 step_time=0.25s"),
+    step(5, "loss: 0.25 tokens/s: 12000.0 data_ms 3 forward_ms 4"),
+    step(6, "loss 1e-7 lr 1e16 time 10ms"),  # floats orjson writes in exponent form: given back
+    step(7, "loss 0.5 forward -3ms backward 0ms time 9ms"),
+    step(8, "loss 0.5 forward 1e12 s time 2ms"),
+    step(9, "loss 0.5 wait_time 12.5 time 3ms"),  # a duration metric: given back
+    step(10, "loss 0.5 x 1.5msx time 4ms"),
+    step(11, "loss 0.5 fwd 5 secs bwd 6 sec opt 7 seconds"),
+    step(12, "loss .5 lr +2 grad_norm [3] time 2.ms"),
+    step(13, "loss 1.5lr 2"),
+    step(14, "loss 1.5 lr"),
+    step(15, "nothing to read here"),
+    step(16, "loss 0.5 é time 4ms"),  # non-ASCII: given back
+    step(17, "loss\t0.5\ttime\t4ms"),
+    plain("iteration 18/ 100 | loss 0.5 | time 3ms", logger="__main__"),
+    plain("global_step=19 loss=0.5 elapsed=0.5s", logger="__main__"),
+    step(20, "loss 0.5 time 3ms", stamp="2026-01-05 12:00:01,5"),
+    step(21, "loss 0.5 time 3ms", stamp="2026-01-05 12:00:02.123456789"),
+]
+
+WAITING = [
+    "rank 0: tokens seen so far 32768",
+    "node0:4000:4100 [0] NCCL INFO Channel 00/32 : 0 1 via P2P/IPC",
+    "node0:4000:4100 [0] init.cc:1234 NCCL WARN Call to connect returned Connection refused",
+    "node0:4000:4100 [0] transport.cc:55 (ncclTransportP2pSetup) NCCL WARN setup failed",
+    "nodé0:4000:4100 [0] NCCL INFO non-ASCII host",
+    'print with "quotes", back\\slash and é',
+    "Epoch 3 starting",  # a capital that may start a head: given back
+]
+
+
+def test_step_lines_at_the_edges_of_the_pattern(tmp_path):
+    lines = [fx.srun_label(i % 2, 1, x) for i, x in enumerate(STEP_EDGES * 2)]
+    summary, out = assert_paths_agree([write(tmp_path, lines)])
+    assert summary.fast_lane
+    assert summary.lines_by_parser.get("generic-step", 0) >= 30
+
+
+def test_lines_waiting_for_a_time_between_lane_and_python_lines(tmp_path):
+    """Print and NCCL lines pend in the lane, then a traceback (a Python block) and step lines release them."""
+    body: list[str] = []
+    for i in range(6):
+        body += WAITING[: 2 + i % 5] + [step(i, "loss 0.5 time 3ms", stamp=f"2026-01-05 12:00:0{i},250")]
+        if i == 3:
+            body += ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', "ValueError: x"]
+        body += [plain(f"plain {i}", stamp=f"2026-01-05 12:00:0{i},500")]
+    lines = [fx.srun_label(r, 1, x) for x in body for r in (0, 1)] + [fx.srun_label(2, 1, x) for x in WAITING]
+    summary, _ = assert_paths_agree([write(tmp_path, lines)])
+    assert summary.estimated_ts > 0 and summary.lines_by_parser.get("nccl", 0) > 0
+
+
+@pytest.mark.parametrize("pending_cap", [3, 10_000])
+def test_a_stream_that_never_gets_a_time(tmp_path, pending_cap):
+    lines = [fx.srun_label(i % 3, 1, WAITING[i % 4]) for i in range(40)]
+    assert_paths_agree([write(tmp_path, lines)], pending_cap=pending_cap)
+
+
+def test_no_prefix_late_ranks_unlabelled_lines_and_a_zone(tmp_path):
+    plain_file = write(tmp_path, STEP_EDGES + WAITING + STEP_EDGES, "single.log")
+    late = [fx.srun_label(0, 1, x) for x in STEP_EDGES[:5]] + [x for x in WAITING[:2]] + \
+           [fx.srun_label(5, 1, x) for x in STEP_EDGES] + [fx.srun_label(0, 1, plain("last"))]
+    late_file = write(tmp_path, late, "late.log")
+    assert_paths_agree([plain_file, late_file], tz="+05:30")
+
+
+def test_the_lane_reads_the_common_lines(tmp_path, monkeypatch):
+    """Guards the comparisons: on the benchmark's mixed log the lane reads nearly every line itself."""
+    from ingest._engine import Ingestor
+
+    given_back = []
+    real = Ingestor._lane_give_back
+
+    def spy(self, src, raw, ids, truncated, label=None):
+        given_back.append(raw)
+        return real(self, src, raw, ids, truncated, label)
+
+    monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
+    mixed = tmp_path / "mixed.log"
+    bench_module().make_log(mixed, 8000)
+    summary, _ = assert_paths_agree([mixed])
+    lane_lines = summary.lines - len(given_back) // 2  # the Python-only runs call no give-back
+    assert summary.fast_lane and lane_lines > 0.9 * summary.lines
+
+
+token = st.sampled_from(["loss", "lr", "grad_norm", "time", "forward", "backward", "data", "allreduce", "x",
+                         "step_time", "tokens/s", "wait_time", "fwd", "opt", "1.5", "-2", "nan", "inf", "1e3",
+                         ".5", "3.", "[4]", "ms", "s", "secs", "msx", "=", ":", ",", "|", "(", ")", "é", "\t"])
+step_text = st.lists(token, min_size=1, max_size=14).map(" ".join)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 2), st.one_of(step_text.map(lambda t: step(7, t)),
+                                                        st.sampled_from(WAITING + STEP_EDGES))), min_size=1, max_size=25))
+def test_random_step_lines(tmp_path: Path, lines):
+    assert_paths_agree([write(tmp_path, [fx.srun_label(r, 1, x) for r, x in lines])])
