@@ -516,13 +516,52 @@ class Ingestor:
                     points: SyncMoments) -> None:
         if src.mode is None:
             src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
+            if self._use_lane:
+                src.lane = self._new_lane(src.mode)
+        if src.lane is not None:
+            self._sync_lane(src, block, streams, points)
+            return
         hits = self._sync_matcher.scan(block)
         if hits is not None:
             if not hits:
                 return
-            lines = _hit_lines(block, hits)
+            lines: Iterable[tuple[bytes, frozenset[int] | None]] = _hit_lines(block, hits)
         else:
             lines = ((raw, None) for raw in block.split(b"\n"))
+        self._sync_lines(src, lines, streams, points)
+
+    def _sync_lane(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
+                   points: SyncMoments) -> None:
+        """The lane reads the block's moments; the lines it gives back are read here, in order."""
+        pos = 0
+        while True:
+            found, stop = src.lane.sync_run(block, pos)
+            for label, step, ts in found:
+                points.add(self._sync_stream(src, streams, _label_prefix(label))[2], step, ts)
+            if stop is None:
+                return
+            start, end, label, ids, day = stop
+            if day is not None:  # the strict heads the lane read since: as the Python path notes them
+                self._sync_stream(src, streams, _label_prefix(label))[1].note_iso(day)
+            self._sync_lines(src, ((block[start:end], frozenset(ids)),), streams, points)
+            if end >= len(block):
+                return
+            pos = end + 1
+
+    def _sync_stream(self, src: _Src, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
+                     pfx: Prefix | None) -> tuple[StreamState, HeadParser, str]:
+        entry = streams.get(pfx)
+        if entry is None:
+            node = self.cfg.node or (pfx.host if pfx else None) or src.ident.node or _UNKNOWN_NODE
+            key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
+                                             f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
+            entry = streams[pfx] = (StreamState(key, node, -1, -1, True),
+                                    HeadParser(self._tz, src.default_day, self.cfg.year),
+                                    node if node != _UNKNOWN_NODE else key)
+        return entry
+
+    def _sync_lines(self, src: _Src, lines: Iterable[tuple[bytes, frozenset[int] | None]],
+                    streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: SyncMoments) -> None:
         plain = self._plain.pattern(src.mode) if self.cfg.plain_fast_path else None
         for raw, ids in lines:
             if not raw or b"\x00" in raw:
@@ -541,15 +580,7 @@ class Ingestor:
                 ids = self._sync_matcher.line(text)
                 if not ids:
                     continue
-            entry = streams.get(pfx)
-            if entry is None:
-                node = self.cfg.node or (pfx.host if pfx else None) or src.ident.node or _UNKNOWN_NODE
-                key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
-                                                 f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
-                entry = streams[pfx] = (StreamState(key, node, -1, -1, True),
-                                        HeadParser(self._tz, src.default_day, self.cfg.year),
-                                        node if node != _UNKNOWN_NODE else key)
-            state, headp, domain = entry
+            state, headp, domain = self._sync_stream(src, streams, pfx)
             if m is not None and stamp is not None:
                 headp.note_iso(stamp[1])
                 ts = stamp[0] + frac_ns(m.group(4))
@@ -577,7 +608,7 @@ class Ingestor:
         if src.mode is None:
             src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
             if self._use_lane:
-                src.lane = new_lane(src.mode, self._tz, self._parsers, self.cfg.max_msg_chars, self.cfg.pending_cap)
+                src.lane = self._new_lane(src.mode)
                 self.summary.fast_lane = self.summary.fast_lane or src.lane is not None
         if src.lane is not None:
             if truncated:
@@ -596,6 +627,9 @@ class Ingestor:
         self._lines(src, it, truncated)
 
     # ---- the compiled fast lane (see ._lane) --------------------------------------------
+    def _new_lane(self, mode: str) -> Any:
+        return new_lane(mode, self._tz, self._parsers, self.cfg.max_msg_chars, self.cfg.pending_cap, self._sync_ids)
+
     def _lane_block(self, src: _Src, block: bytes) -> None:
         """The lane reads the block; each line it gives back is read here, in order, with its stream's state."""
         lane = src.lane
@@ -623,7 +657,7 @@ class Ingestor:
         self._lines(src, ((raw, ids),), truncated)
         stream = src.lane_streams.get(label)
         if stream is None:
-            stream = src.streams.get(make_prefix(None, label, None, None) if label is not None else None)
+            stream = src.streams.get(_label_prefix(label))
             if stream is None:
                 return
             src.lane_streams[label] = stream
@@ -1018,6 +1052,11 @@ class Ingestor:
 
 _EMPTY: Final = frozenset[int]()
 _SRUN_LABEL: Final = re.compile(rb" *(\d{1,6}): ")
+
+
+def _label_prefix(label: int | None) -> Prefix | None:
+    """The prefix of an ``srun`` label as the fast lane reports it (``None``: a line without one)."""
+    return make_prefix(None, label, None, None) if label is not None else None
 
 
 def _has_log(events: list[dict[str, Any]]) -> bool:

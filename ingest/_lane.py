@@ -12,7 +12,7 @@ the compiled module, or for inputs it does not cover, the Python engine does all
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from ._prefix import PrefixMode
 from ._timestamps import TzSpec
@@ -32,12 +32,14 @@ def lane_module() -> Any | None:
     return _native
 
 
-def new_lane(mode: str | None, tz: TzSpec, parsers: Sequence[Parser], max_msg_chars: int, pending_cap: int) -> Any | None:
+def new_lane(mode: str | None, tz: TzSpec, parsers: Sequence[Parser], max_msg_chars: int, pending_cap: int,
+             sync_ids: Collection[int] = ()) -> Any | None:
     """A fast lane for one input file, or ``None`` where it does not apply.
 
     It applies to files without a launcher prefix or with ``srun -l`` labels, naive
     times in a fixed zone, and the built-in generic step and NCCL parsers (other parsers,
     the user's included, keep their lines: the lane gives back every line they trigger on).
+    ``sync_ids``: the parsers whose step lines are clock-alignment moments.
     """
     from .parsers.generic import GenericStepParser, _role
     from .parsers.torch_distributed import NcclParser
@@ -51,6 +53,7 @@ def new_lane(mode: str | None, tz: TzSpec, parsers: Sequence[Parser], max_msg_ch
             return None
     try:
         return _native.FastLane(mode, tz.fixed_offset_s, max_msg_chars, pending_cap,
-                                [list(p.triggers) for p in parsers], [p.name for p in parsers], _role)
+                                [list(p.triggers) for p in parsers], [p.name for p in parsers], _role,
+                                sorted(sync_ids))
     except ValueError:  # a trigger the Rust regex engine does not take: the Python engine reads the file
         return None

@@ -106,17 +106,29 @@ def test_the_lane_reads_the_common_lines(tmp_path, monkeypatch):
 
     given_back = []
     real = Ingestor._lane_give_back
+    sync_read_in_python = []
+    real_sync = Ingestor._sync_lines
 
     def spy(self, src, raw, ids, truncated, label=None):
         given_back.append(raw)
         return real(self, src, raw, ids, truncated, label)
 
+    def sync_spy(self, src, lines, streams, points):
+        lines = list(lines)
+        if src.lane is not None:
+            sync_read_in_python.extend(lines)
+        return real_sync(self, src, lines, streams, points)
+
     monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
+    monkeypatch.setattr(Ingestor, "_sync_lines", sync_spy)
     mixed = tmp_path / "mixed.log"
     bench_module().make_log(mixed, 8000)
     summary, _ = assert_paths_agree([mixed])
-    lane_lines = summary.lines - len(given_back) // 2  # the Python-only runs call no give-back
+    lane_lines = summary.lines - len(given_back) // 2  # two of the four runs use the lane
     assert summary.fast_lane and lane_lines > 0.9 * summary.lines
+    # the alignment pass: the lane reads the generic step lines' moments, Python the others (DeepSpeed, Megatron)
+    steps = summary.lines_by_parser["generic-step"]
+    assert len(sync_read_in_python) // 2 < 0.3 * steps
 
 
 token = st.sampled_from(["loss", "lr", "grad_norm", "time", "forward", "backward", "data", "allreduce", "x",

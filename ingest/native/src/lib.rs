@@ -275,12 +275,13 @@ struct FastLane {
     #[pyo3(get, set)]
     next_span_id: u64,
     step_rx: regex::Regex,
-    /// The generic parser's pair pattern up to the number; its tail `\s?(unit)?(?![\w.])` is read by hand
-    /// (see `step_line`).
-    pair_rx: regex::Regex,
     nccl_rx: regex::Regex,
     counts: Counts,
     sync: Vec<(Option<u32>, i64, i64)>,
+    /// Parsers whose step lines are clock-alignment moments (`sync_points` with `sync_step`).
+    sync_parsers: Vec<usize>,
+    /// Alignment pass: the epoch day of the last strict head per label since Python last read a line of it.
+    sync_days: HashMap<Option<u32>, i64>,
 }
 
 /// Why a line goes back to Python (nothing of it has been written).
@@ -302,6 +303,7 @@ impl FastLane {
         triggers: Vec<Vec<String>>,
         names: Vec<String>,
         role: Py<PyAny>,
+        sync_parsers: Vec<usize>,
     ) -> PyResult<Self> {
         let srun = match mode {
             "srun" => true,
@@ -355,18 +357,14 @@ impl FastLane {
                 .unicode(false)
                 .build()
                 .unwrap(),
-            pair_rx: regex::RegexBuilder::new(
-                r"(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?(?P<val>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|Infinity)",
-            )
-            .unicode(false)
-            .build()
-            .unwrap(),
             nccl_rx: regex::Regex::new(
                 r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:(?P<file>[\w./-]+):(?P<line>\d+) (?:\((?P<func>[^)]*)\) )?)?NCCL (?P<lvl>INFO|WARN|TRACE|CALL|ABORT) ?(?P<msg>.*)",
             )
             .unwrap(),
             counts: Counts::default(),
             sync: Vec::new(),
+            sync_parsers,
+            sync_days: HashMap::new(),
         })
     }
 
@@ -472,6 +470,58 @@ impl FastLane {
             self.counts.parsed += 1;
             if end >= n {
                 return None;
+            }
+            start = end + 1;
+        }
+    }
+
+    /// The clock-alignment pass (`Ingestor._sync_block`): the moments of `block` from byte `pos`, until a
+    /// line that Python must read.
+    ///
+    /// Returns `(points, stop)`: points `(label, step, ts)` in line order, and `None` at the end or the line
+    /// to give back as `(start, end, label, sync parser ids, day)`, where `day` is the epoch day of the last
+    /// strict head of that label read here since the previous such line (to note in Python's head parser).
+    #[allow(clippy::type_complexity)]
+    fn sync_run(
+        &mut self,
+        block: &[u8],
+        pos: usize,
+    ) -> (Vec<(Option<u32>, i64, i64)>, Option<(usize, usize, Option<u32>, Ids, Option<i64>)>) {
+        let n = block.len();
+        if pos == 0 {
+            self.find_hit_lines(block);
+        }
+        let mut points = Vec::new();
+        let mut start = pos;
+        loop {
+            let end = memchr::memchr(b'\n', &block[start..]).map_or(n, |k| start + k);
+            while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < start {
+                self.hit_at += 1;
+            }
+            if self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == start {
+                let raw = &block[start..end];
+                let mut ids: Ids = Vec::new();
+                for k in self.triggers.matches(raw).iter() {
+                    let p = self.trigger_parser[k];
+                    if self.sync_parsers.contains(&p) && !ids.contains(&p) {
+                        ids.push(p);
+                    }
+                }
+                ids.sort_unstable();
+                if !ids.is_empty() {
+                    match self.sync_line(raw, &ids) {
+                        Ok(Some((label, step, ts))) => points.push((label, step, ts)),
+                        Ok(None) => {}
+                        Err(GiveBack) => {
+                            let label = self.label_of(raw);
+                            let day = self.sync_days.remove(&label);
+                            return (points, Some((start, end, label, ids, day)));
+                        }
+                    }
+                }
+            }
+            if end >= n {
+                return (points, None);
             }
             start = end + 1;
         }
@@ -681,6 +731,33 @@ impl FastLane {
         }
     }
 
+    /// A moment of the alignment pass: a strict-head line whose only sync parser is the generic one,
+    /// read as `GenericStepParser.sync_step` reads it; `Ok(None)`: not a moment.
+    fn sync_line(&mut self, raw: &[u8], ids: &[usize]) -> Result<Option<(Option<u32>, i64, i64)>, GiveBack> {
+        if ids != [self.generic.ok_or(GiveBack)?] || raw.contains(&0) {
+            return Err(GiveBack);
+        }
+        let (label, text) = if self.srun {
+            match srun_label(raw) {
+                Some((r, at)) => (Some(r), &raw[at..]),
+                None => (None, raw),
+            }
+        } else {
+            (None, raw)
+        };
+        let h = strict_head(text).ok_or(GiveBack)?;
+        let (ts, day) = self.stamp(&h).ok_or(GiveBack)?;
+        let body = &text[h.body_at..];
+        if !body.iter().all(|&c| (0x20..0x7f).contains(&c) || c == b'\t') {
+            return Err(GiveBack);
+        }
+        let text = std::str::from_utf8(body).map_err(|_| GiveBack)?;
+        self.sync_days.insert(label, day);
+        let Some(m) = self.step_rx.captures(text) else { return Ok(None) };
+        let step: i64 = m[2].parse().map_err(|_| GiveBack)?;
+        Ok(next_pair(text, m.get(0).unwrap().end())?.map(|_| (label, step, ts)))
+    }
+
     /// A strict Python logging line that no parser wants: one log event, spliced as `_plain_line` writes it.
     fn plain(&mut self, si: usize, (ts, day): (i64, i64), h: &Head<'_>, body: &[u8]) -> Result<bool, GiveBack> {
         if body.len() > self.cap {
@@ -766,31 +843,9 @@ impl FastLane {
         let mut phases: Vec<(String, bool, i64)> = Vec::new();
         let mut step_ns: Option<i64> = None;
         let mut at = after;
-        while at <= text.len() {
-            let Some(c) = self.pair_rx.captures_at(text, at) else { break };
-            // The pattern's tail `\s?(unit)?(?![\w.])`, tried in the order Python's backtracking tries it
-            // (one blank then none; each unit in turn, then none). Where no choice passes, Python would
-            // go back into the number or the key: such a line is given back.
-            let val_end = c.name("val").unwrap().end();
-            let blank = matches!(text.as_bytes().get(val_end), Some(b' ') | Some(b'\t'));
-            let mut tail = None;
-            'tail: for w in if blank { &[1usize, 0][..] } else { &[0usize][..] } {
-                let p = val_end + w;
-                for u in UNITS {
-                    if text[p..].starts_with(u) && !word_follows(text, p + u.len()) {
-                        tail = Some((p + u.len(), Some(u)));
-                        break 'tail;
-                    }
-                }
-                if !word_follows(text, p) {
-                    tail = Some((p, None));
-                    break;
-                }
-            }
-            let Some((end, unit)) = tail else { return Err(GiveBack) };
-            at = end;
-            let key = c.name("key").unwrap().as_str();
-            let raw = c.name("val").unwrap().as_str();
+        while let Some(pair) = next_pair(text, at)? {
+            at = pair.end;
+            let (key, raw, unit) = (&text[pair.key.0..pair.key.1], &text[pair.val.0..pair.val.1], pair.unit);
             let value = py_float(raw).ok_or(GiveBack)?;
             match self.role(py, key, unit)? {
                 Role::Ignore => {}
@@ -931,6 +986,120 @@ impl FastLane {
         self.counts.generic += 1;
         Ok(true)
     }
+}
+
+/// One `key value[unit]` pair of a generic step line, as byte ranges of the text.
+struct Pair {
+    key: (usize, usize),
+    val: (usize, usize),
+    unit: Option<&'static str>,
+    end: usize,
+}
+
+fn is_word(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// The first number of `[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|Infinity` at `v`, taking
+/// each part as Python's backtracking first tries it (greedy); its end, or `None`.
+fn number_at(t: &[u8], v: usize) -> Option<usize> {
+    let digit = |i: usize| t.get(i).is_some_and(u8::is_ascii_digit);
+    let mut q = v;
+    if matches!(t.get(q), Some(b'+') | Some(b'-')) {
+        q += 1;
+    }
+    let mut ok = false;
+    if digit(q) {
+        while digit(q) {
+            q += 1;
+        }
+        if t.get(q) == Some(&b'.') {
+            q += 1;
+            while digit(q) {
+                q += 1;
+            }
+        }
+        ok = true;
+    } else if t.get(q) == Some(&b'.') && digit(q + 1) {
+        q += 1;
+        while digit(q) {
+            q += 1;
+        }
+        ok = true;
+    }
+    if ok {
+        if matches!(t.get(q), Some(b'e') | Some(b'E')) {
+            let mut r = q + 1;
+            if matches!(t.get(r), Some(b'+') | Some(b'-')) {
+                r += 1;
+            }
+            if digit(r) {
+                while digit(r) {
+                    r += 1;
+                }
+                q = r;
+            }
+        }
+        return Some(q);
+    }
+    ["nan", "NaN", "inf", "-inf", "Infinity"].iter().find(|w| t[v..].starts_with(w.as_bytes())).map(|w| v + w.len())
+}
+
+/// The generic parser's `_PAIR` searched in printable-ASCII `text` from `at`, as Python's `re` finds it:
+/// `(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?(?P<val>number)\s?(?P<unit>ms|s|…)?(?![\w.])`.
+///
+/// Each part has one way to match that can lead anywhere (the key stops where the separator must start,
+/// and so on), so the first way Python tries is the only one, except in the tail: there the blank, the
+/// unit and the look-ahead are tried in Python's order. Where the tail fails every way, Python would go
+/// back into the number; such a line is given back.
+fn next_pair(text: &str, at: usize) -> Result<Option<Pair>, GiveBack> {
+    let t = text.as_bytes();
+    let n = t.len();
+    let blank = |i: usize| matches!(t.get(i), Some(b' ') | Some(b'\t'));
+    for s in at..n {
+        if !(t[s].is_ascii_alphabetic() || t[s] == b'_') {
+            continue;
+        }
+        let mut k = s + 1;
+        while k < n && (is_word(t[k]) || matches!(t[k], b'.' | b'/' | b'-')) {
+            k += 1;
+        }
+        let mut p = k;
+        if t.get(p) == Some(&b'=') {
+            p += 1;
+        } else {
+            if t.get(p) == Some(&b':') && blank(p + 1) {
+                p += 1;
+            }
+            if !blank(p) {
+                continue;
+            }
+            while blank(p) {
+                p += 1;
+            }
+        }
+        if t.get(p) == Some(&b'[') {
+            p += 1;
+        }
+        let Some(v_end) = number_at(t, p) else { continue };
+        let mut tail = None;
+        'tail: for w in if blank(v_end) { &[1usize, 0][..] } else { &[0usize][..] } {
+            let q = v_end + w;
+            for u in UNITS {
+                if text[q..].starts_with(u) && !word_follows(text, q + u.len()) {
+                    tail = Some((q + u.len(), Some(u)));
+                    break 'tail;
+                }
+            }
+            if !word_follows(text, q) {
+                tail = Some((q, None));
+                break;
+            }
+        }
+        let Some((end, unit)) = tail else { return Err(GiveBack) };
+        return Ok(Some(Pair { key: (s, k), val: (p, v_end), unit, end }));
+    }
+    Ok(None)
 }
 
 /// Whether `(?![\w.])` fails at byte `at` of ASCII `text`.
