@@ -664,20 +664,22 @@ class Ingestor:
         # The lane takes the stream (back) with Python's state of it. Until Python has made its output
         # (which fixes the world size written in its events), the lane takes only lines that wait for a time.
         out = stream.out
+        state = stream.state
         src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
                             stream.block is not None or bool(stream.pending), src.mtime_ns or None,
-                            stream.state.state("generic-step"))
+                            state.state("generic-step"), state.state("deepspeed"), stream.head.last_layout,
+                            state.rank_guessed)
 
     def _lane_export(self, src: _Src, label: int | None) -> None:
         """Hand what the lane holds of a stream (last time, head day, lines waiting for a time) to it."""
         got = src.lane.export(label)
         if got is None:
             return
-        last_ts, day, pending = got
+        last_ts, head, pending = got
         stream = src.lane_streams[label]
         stream.last_ts = last_ts
-        if day is not None:
-            stream.head.note_iso(day)
+        if head is not None:
+            stream.head.note_layout(*head)
         if pending:
             stream.pending.extend(pending)
 
@@ -695,7 +697,7 @@ class Ingestor:
             if counts[kind]:
                 events[kind] = events.get(kind, 0) + counts[kind]
         by = s.lines_by_parser
-        for name in ("generic-step", "nccl"):
+        for name in ("generic-step", "nccl", "deepspeed"):
             if counts[name]:
                 by[name] = by.get(name, 0) + counts[name]
         if sync and self._sync is not None:

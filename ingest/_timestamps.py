@@ -195,7 +195,8 @@ _LAYOUTS: Final = (
     _lay("time", _TIME + _ZONE + _TAIL, "time"),
 )
 
-ISO_LAYOUT: Final = next(lo for lo in _LAYOUTS if lo.name == "iso")
+_BY_NAME: Final = {lo.name: lo for lo in _LAYOUTS}
+ISO_LAYOUT: Final = _BY_NAME["iso"]
 """The layout of Python ``logging`` lines (``2026-01-05 12:00:00,250 - INFO - name - msg``)."""
 
 # First character of the (prefix-stripped) line → layouts worth trying; keeps misses cheap.
@@ -262,6 +263,16 @@ class HeadParser:
         which path read the line.
         """
         self._last = ISO_LAYOUT
+        self.last_day = day
+
+    @property
+    def last_layout(self) -> str | None:
+        """The name of the layout tried first (the last that matched); ``None`` before any."""
+        return self._last.name if self._last is not None else None
+
+    def note_layout(self, name: str, day: int) -> None:
+        """Remember a dated line read elsewhere (the compiled lane) with the layout ``name``, as :meth:`parse` would."""
+        self._last = _BY_NAME[name]
         self.last_day = day
 
     def _head(self, layout: _Layout, m: re.Match[str]) -> Head | None:

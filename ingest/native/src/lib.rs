@@ -196,6 +196,11 @@ fn day_and_second(date: &[u8], tod: &[u8]) -> Option<(i64, i64)> {
     Some((days_from_civil(y, m, d), h * 3600 + mi * 60 + s))
 }
 
+const LAYOUT_NONE: u8 = 0;
+const LAYOUT_ISO: u8 = 1;
+const LAYOUT_DEEPSPEED: u8 = 2;
+const LAYOUT_OTHER: u8 = 3;
+
 const UNITS: [&str; 8] = ["ms", "s", "us", "µs", "sec", "secs", "seconds", "msec"];
 
 const FRAC_SCALE: [i64; 10] = [0, 100_000_000, 10_000_000, 1_000_000, 100_000, 10_000, 1_000, 100, 10, 1];
@@ -217,8 +222,14 @@ struct Stream {
     /// `"job":…,"v":1` — the identity fields, for the lines written without a dict.
     ident: Vec<u8>,
     last_ts: Option<i64>,
-    /// The epoch day of the last strict head read here since Python last saw the stream.
-    iso_day: Option<i64>,
+    /// The layout of the last head read here since Python last saw the stream, and its epoch day
+    /// (what Python's head parser must note).
+    head_note: Option<(&'static str, i64)>,
+    /// The layout Python's head parser tries first for this stream (`LAYOUT_*`).
+    last_layout: u8,
+    /// The stream's rank was guessed: DeepSpeed's `[Rank N]` then routes events (Python's job).
+    rank_guessed: bool,
+    deepspeed_state: Py<PyDict>,
     pending: Vec<Pending>,
     /// Python holds a multi-line block or pending lines of this stream: all its lines go there.
     busy: bool,
@@ -246,6 +257,7 @@ struct Counts {
     spans: u64,
     generic: u64,
     nccl: u64,
+    deepspeed: u64,
     estimated: u64,
 }
 
@@ -265,6 +277,10 @@ struct FastLane {
     trigger_parser: Vec<usize>,
     generic: Option<usize>,
     nccl: Option<usize>,
+    deepspeed: Option<usize>,
+    ds_progress_rx: regex::Regex,
+    ds_timers_rx: regex::Regex,
+    ds_item_rx: regex::Regex,
     streams: Vec<Stream>,
     by_label: HashMap<Option<u32>, usize>,
     outs: Vec<Vec<u8>>,
@@ -346,6 +362,11 @@ impl FastLane {
             trigger_parser: owner,
             generic: find("generic-step"),
             nccl: find("nccl"),
+            deepspeed: find("deepspeed"),
+            // deepspeed/runtime/engine.py `_report_progress` and utils/timer.py, as ingest/parsers/deepspeed.py reads them
+            ds_progress_rx: regex::Regex::new(r"step=(\d+), skipped=(\d+), lr=\[?([^\],]*)[^,]*(?:\])?, mom=").unwrap(),
+            ds_timers_rx: regex::Regex::new(r"time \(ms\)((?: \| [\w.-]+: [-\d.]+(?: \([^)]*\))?)+)").unwrap(),
+            ds_item_rx: regex::Regex::new(r"([\w.-]+): ([-\d.]+)").unwrap(),
             streams: Vec::new(),
             by_label: HashMap::new(),
             outs: Vec::new(),
@@ -382,6 +403,9 @@ impl FastLane {
         busy: bool,
         mtime_ns: Option<i64>,
         generic_state: Py<PyDict>,
+        deepspeed_state: Py<PyDict>,
+        last_layout: Option<String>,
+        rank_guessed: bool,
     ) {
         let mut open = Vec::with_capacity(ident.len() + 2);
         open.push(b'{');
@@ -393,7 +417,15 @@ impl FastLane {
             open,
             ident: ident.to_vec(),
             last_ts,
-            iso_day: None,
+            head_note: None,
+            last_layout: match last_layout.as_deref() {
+                None => LAYOUT_NONE,
+                Some("iso") => LAYOUT_ISO,
+                Some("deepspeed") => LAYOUT_DEEPSPEED,
+                Some(_) => LAYOUT_OTHER,
+            },
+            rank_guessed,
+            deepspeed_state,
             pending: Vec::new(),
             busy,
             mtime_ns,
@@ -408,7 +440,8 @@ impl FastLane {
         }
     }
 
-    /// Before Python reads a line of the stream: `(last_ts, iso_day, pending events as dicts)`, which the
+    /// Before Python reads a line of the stream: `(last_ts, (layout, day) of the last head read here or None,
+    /// pending events as dicts)`, which the
     /// fast lane then no longer holds.
     fn export<'py>(&mut self, py: Python<'py>, label: Option<u32>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let Some(&i) = self.by_label.get(&label) else { return Ok(None) };
@@ -439,7 +472,7 @@ impl FastLane {
             }
             pend.append((d, 0))?;
         }
-        let day = s.iso_day.take();
+        let day = s.head_note.take();
         Ok(Some(PyTuple::new(py, [s.last_ts.into_pyobject(py)?.into_any(), day.into_pyobject(py)?.into_any(), pend.into_any()])?))
     }
 
@@ -552,6 +585,7 @@ impl FastLane {
         d.set_item("span", c.spans)?;
         d.set_item("generic-step", c.generic)?;
         d.set_item("nccl", c.nccl)?;
+        d.set_item("deepspeed", c.deepspeed)?;
         d.set_item("estimated", c.estimated)?;
         Ok((outs, d, std::mem::take(&mut self.sync)))
     }
@@ -613,9 +647,12 @@ impl FastLane {
             (None, raw)
         };
         let Some(&si) = self.by_label.get(&label) else { return Err(GiveBack) };
-        // A blank text, one that starts with white space, or a torchrun prefix or bracketed head: Python's.
-        if self.streams[si].busy || text.is_empty() || !(0x21..=0x7e).contains(&text[0]) || text[0] == b'[' {
+        // A blank text, or one that starts with white space: Python's.
+        if self.streams[si].busy || text.is_empty() || !(0x21..=0x7e).contains(&text[0]) {
             return Err(GiveBack);
+        }
+        if text[0] == b'[' {
+            return self.deepspeed_line(py, si, label, text, ids); // else a torchrun prefix or another bracketed head
         }
         if let Some(h) = strict_head(text) {
             if self.streams[si].out.is_none() {
@@ -731,6 +768,291 @@ impl FastLane {
         }
     }
 
+    /// A DeepSpeed logger line (`[date time] [LEVEL] [file:line:func] …`) with a progress or timer message, as
+    /// `DeepSpeedParser` reads it; everything else that starts with `[` is given back.
+    fn deepspeed_line(
+        &mut self,
+        py: Python<'_>,
+        si: usize,
+        label: Option<u32>,
+        text: &[u8],
+        ids: &[usize],
+    ) -> Result<bool, GiveBack> {
+        let ds = self.deepspeed.ok_or(GiveBack)?;
+        // `_parse` tries the triggered parsers in registry order: DeepSpeed first, and only the generic one after it.
+        if ids.first() != Some(&ds) || !ids.iter().all(|&i| i == ds || Some(i) == self.generic) {
+            return Err(GiveBack);
+        }
+        {
+            let st = &self.streams[si];
+            // Python's head parser tries its last layout first: only these read a DeepSpeed head as "deepspeed" does.
+            if st.out.is_none() || st.rank_guessed || st.last_layout == LAYOUT_OTHER {
+                return Err(GiveBack);
+            }
+        }
+        let h = ds_head(text).ok_or(GiveBack)?;
+        let (day, sod) = day_and_second(h.date, h.tod).ok_or(GiveBack)?;
+        let frac = if h.frac.is_empty() { 0 } else { num(h.frac) * FRAC_SCALE[h.frac.len()] };
+        let ts = (day * 86400 + sod - self.tz_offset_s) * 1_000_000_000 + frac;
+        let body = &text[h.body_at..];
+        let printable = |b: &[u8]| b.iter().all(|&c| (0x20..0x7f).contains(&c));
+        if body.len() > self.cap || !printable(body) || !printable(h.logger) {
+            return Err(GiveBack);
+        }
+        let body_s = std::str::from_utf8(body).map_err(|_| GiveBack)?;
+        // `[Rank N] ` (log_dist): routes nothing on a stream whose rank is known
+        let rest = match body_s.strip_prefix("[Rank ") {
+            Some(r) => {
+                let r2 = r.strip_prefix('-').unwrap_or(r);
+                let nd = r2.bytes().take_while(u8::is_ascii_digit).count();
+                if nd > 0 && r2[nd..].starts_with("] ") { &r2[nd + 2..] } else { body_s }
+            }
+            None => body_s,
+        };
+        let events = if let Some(c) = self.ds_progress_rx.captures(rest) {
+            self.ds_progress(py, si, ts, &c)?
+        } else if let Some(c) = self.ds_timers_rx.captures(rest) {
+            let items = c.get(1).unwrap().as_str().to_string();
+            self.ds_timers(py, si, ts, &items)?
+        } else {
+            return Err(GiveBack); // throughput, overflow, loss scale, launcher lines: Python's
+        };
+        // Written: the line itself, then the parser's events.
+        self.release(si, ts);
+        let s = &mut self.streams[si];
+        s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
+        s.head_note = Some(("deepspeed", day));
+        s.last_layout = LAYOUT_DEEPSPEED;
+        let (offset, out) = (s.offset, s.out.expect("checked above"));
+        let open = std::mem::take(&mut s.open);
+        let buf = self.out_buf(out);
+        let t = ts + offset;
+        buf.extend_from_slice(&open);
+        buf.extend_from_slice(b"\"kind\":\"log\",\"level\":\"");
+        buf.extend_from_slice(h.level.unwrap_or("INFO").as_bytes());
+        buf.extend_from_slice(b"\",\"msg\":");
+        json_str(buf, body);
+        if !h.logger.is_empty() {
+            buf.extend_from_slice(b",\"logger\":");
+            json_str(buf, h.logger);
+        }
+        buf.extend_from_slice(b",\"ts\":");
+        push_int(buf, t);
+        buf.extend_from_slice(b"}\n");
+        let mut spans = 0u64;
+        let mut metrics = 0u64;
+        for ev in &events {
+            buf.extend_from_slice(&open);
+            match ev {
+                DsEvent::Metric { step, metrics: m } => {
+                    buf.extend_from_slice(b"\"kind\":\"metric\",");
+                    match step {
+                        // progress: {"kind","step","metrics"}; timers: {"kind","metrics","step"}
+                        Some((st, true)) => {
+                            buf.extend_from_slice(b"\"step\":");
+                            push_int(buf, *st);
+                            buf.extend_from_slice(b",\"metrics\":");
+                            write_metrics(buf, m);
+                        }
+                        Some((st, false)) => {
+                            buf.extend_from_slice(b"\"metrics\":");
+                            write_metrics(buf, m);
+                            buf.extend_from_slice(b",\"step\":");
+                            push_int(buf, *st);
+                        }
+                        None => {
+                            buf.extend_from_slice(b"\"metrics\":");
+                            write_metrics(buf, m);
+                        }
+                    }
+                    buf.extend_from_slice(b",\"ts\":");
+                    push_int(buf, t);
+                    metrics += 1;
+                }
+                DsEvent::StepSpan { step, dur, id, source } => {
+                    buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
+                    push_int(buf, *step);
+                    buf.extend_from_slice(b",\"ts\":");
+                    push_int(buf, t);
+                    buf.extend_from_slice(b",\"start\":");
+                    push_int(buf, ts - dur + offset);
+                    buf.extend_from_slice(b",\"dur\":");
+                    push_int(buf, *dur);
+                    buf.extend_from_slice(b",\"span_id\":\"");
+                    buf.extend_from_slice(id.as_bytes());
+                    buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"");
+                    buf.extend_from_slice(source.as_bytes());
+                    buf.extend_from_slice(b"\"}");
+                    spans += 1;
+                }
+                DsEvent::Part { step, name, cat, start, dur, id, parent, collective } => {
+                    buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"");
+                    buf.extend_from_slice(cat.as_bytes());
+                    buf.extend_from_slice(b"\",\"name\":\"");
+                    buf.extend_from_slice(name.as_bytes());
+                    buf.extend_from_slice(b"\",\"step\":");
+                    push_int(buf, *step);
+                    buf.extend_from_slice(b",\"start\":");
+                    push_int(buf, start + offset);
+                    buf.extend_from_slice(b",\"dur\":");
+                    push_int(buf, *dur);
+                    buf.extend_from_slice(b",\"ts\":");
+                    push_int(buf, start + dur + offset);
+                    buf.extend_from_slice(b",\"span_id\":\"");
+                    buf.extend_from_slice(id.as_bytes());
+                    buf.push(b'"');
+                    if let Some(p) = parent {
+                        buf.extend_from_slice(b",\"parent_id\":");
+                        json_str(buf, p.as_bytes());
+                    }
+                    if *collective {
+                        buf.extend_from_slice(b",\"attrs\":{\"op\":\"all_reduce\",\"group\":\"default\",\"seq\":");
+                        push_int(buf, *step);
+                        buf.extend_from_slice(b",\"source\":\"deepspeed-timers\"}");
+                    }
+                    spans += 1;
+                }
+            }
+            buf.extend_from_slice(b"}\n");
+        }
+        for ev in &events {
+            if let DsEvent::StepSpan { step, source: "deepspeed", .. } = ev {
+                self.sync.push((label, *step, t));
+            }
+        }
+        self.streams[si].open = open;
+        self.counts.logs += 1;
+        self.counts.metrics += metrics;
+        self.counts.spans += spans;
+        self.counts.deepspeed += 1;
+        Ok(true)
+    }
+
+    /// `DeepSpeedParser._progress`; reads and updates the stream's parser state (nothing is written yet).
+    fn ds_progress(&mut self, py: Python<'_>, si: usize, ts: i64, c: &regex::Captures<'_>) -> Result<Vec<DsEvent>, GiveBack> {
+        let step: i64 = c[1].parse().map_err(|_| GiveBack)?;
+        let skipped: i64 = c[2].parse().map_err(|_| GiveBack)?;
+        let mut m: Vec<(String, String)> = vec![("skipped_steps".into(), json_float(skipped as f64).ok_or(GiveBack)?)];
+        let lr = c[3].trim_matches(|ch| ch == ' ' || ch == '[' || ch == ']');
+        if !lr.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-')) {
+            return Err(GiveBack); // `float()` of anything else: Python's
+        }
+        if let Ok(v) = lr.parse::<f64>() {
+            m.push(("lr".into(), metric_json(v)?));
+        }
+        let state = self.streams[si].deepspeed_state.clone_ref(py);
+        let state = state.bind(py);
+        let prev_step = get_int(state, "step")?;
+        let prev_ts = get_int(state, "ts")?;
+        let mut events = vec![DsEvent::Metric { step: Some((step, true)), metrics: m }];
+        if let (Some(ps), Some(pt)) = (prev_step, prev_ts) {
+            if step > ps {
+                let dur = (ts - pt).div_euclid(step - ps);
+                if dur > 0 {
+                    let id = self.new_span_id();
+                    state.set_item("span", &id).map_err(|_| GiveBack)?;
+                    events.push(DsEvent::StepSpan { step, dur, id, source: "deepspeed" });
+                }
+            }
+        }
+        state.set_item("step", step).map_err(|_| GiveBack)?;
+        state.set_item("ts", ts).map_err(|_| GiveBack)?;
+        state.set_item("timed", false).map_err(|_| GiveBack)?;
+        Ok(events)
+    }
+
+    /// `DeepSpeedParser._timers`; reads and updates the stream's parser state (nothing is written yet).
+    fn ds_timers(&mut self, py: Python<'_>, si: usize, ts: i64, items: &str) -> Result<Vec<DsEvent>, GiveBack> {
+        let mut values: Vec<(String, f64)> = Vec::new();
+        for c in self.ds_item_rx.captures_iter(items) {
+            let Ok(v) = c[2].parse::<f64>() else { continue };
+            match values.iter_mut().find(|(k, _)| k == &c[1]) {
+                Some(e) => e.1 = v,
+                None => values.push((c[1].to_string(), v)),
+            }
+        }
+        let mut m = Vec::with_capacity(values.len());
+        for (k, v) in &values {
+            m.push((format!("timer_ms/{k}"), metric_json(*v)?));
+        }
+        let get = |k: &str| values.iter().find(|(n, _)| n == k).map(|e| e.1);
+        let state = self.streams[si].deepspeed_state.clone_ref(py);
+        let state = state.bind(py);
+        let mut step = get_int(state, "step")?;
+        let mut events = Vec::new();
+        if get("fwd").is_some() || get("bwd").is_some() || get("step").is_some() {
+            let timed = match state.get_item("timed").map_err(|_| GiveBack)? {
+                Some(v) => v.is_truthy().map_err(|_| GiveBack)?,
+                None => false,
+            };
+            let own_span: Option<String>;
+            let s = if step.is_none() || timed {
+                let base = match step {
+                    Some(v) => v,
+                    None => get_int(state, "timer_step")?.unwrap_or(-1),
+                };
+                own_span = None;
+                base + 1
+            } else {
+                own_span = match state.get_item("span").map_err(|_| GiveBack)? {
+                    None => None,
+                    Some(v) if v.is_none() => None,
+                    Some(v) => Some(v.extract::<String>().map_err(|_| GiveBack)?),
+                };
+                step.unwrap()
+            };
+            let ms = 1e6;
+            let allreduce = get("bwd_allreduce").unwrap_or(0.0);
+            let backward = get("bwd_inner").unwrap_or_else(|| (get("bwd").unwrap_or(0.0) - allreduce).max(0.0));
+            let mut parts = Vec::new();
+            for (name, cat, v, coll) in [
+                ("forward", "phase", get("fwd").unwrap_or(0.0), false),
+                ("backward", "phase", backward, false),
+                ("all_reduce", "collective", allreduce, true),
+                ("optimizer", "phase", get("step").unwrap_or(0.0), false),
+            ] {
+                let x = v * ms;
+                if !(x.abs() < 9e18) {
+                    return Err(GiveBack);
+                }
+                parts.push((name, cat, x as i64, coll));
+            }
+            // From here on the state changes: nothing is given back.
+            if step.is_none() || timed {
+                state.set_item("timer_step", s).map_err(|_| GiveBack)?;
+            }
+            state.set_item("timed", true).map_err(|_| GiveBack)?;
+            step = Some(s);
+            let mut parent = own_span;
+            if parent.is_none() {
+                let total: i64 = parts.iter().map(|p| p.2).sum();
+                if total > 0 {
+                    let id = self.new_span_id();
+                    parent = Some(id.clone());
+                    events.push(DsEvent::StepSpan { step: s, dur: total, id, source: "deepspeed-timers" });
+                }
+            }
+            let kept: Vec<_> = parts.into_iter().filter(|p| p.2 > 0).collect();
+            let mut at = ts - kept.iter().map(|p| p.2).sum::<i64>();
+            for (name, cat, dur, coll) in kept {
+                let id = self.new_span_id();
+                events.push(DsEvent::Part {
+                    step: s,
+                    name,
+                    cat,
+                    start: at,
+                    dur,
+                    id,
+                    parent: parent.clone().filter(|p| !p.is_empty()),
+                    collective: coll,
+                });
+                at += dur;
+            }
+        }
+        events.insert(0, DsEvent::Metric { step: step.map(|v| (v, false)), metrics: m });
+        Ok(events)
+    }
+
     /// A moment of the alignment pass: a strict-head line whose only sync parser is the generic one,
     /// read as `GenericStepParser.sync_step` reads it; `Ok(None)`: not a moment.
     fn sync_line(&mut self, raw: &[u8], ids: &[usize]) -> Result<Option<(Option<u32>, i64, i64)>, GiveBack> {
@@ -768,7 +1090,8 @@ impl FastLane {
             self.release(si, ts);
             let s = &mut self.streams[si];
             s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
-            s.iso_day = Some(day);
+            s.head_note = Some(("iso", day));
+            s.last_layout = LAYOUT_ISO;
             let (offset, out) = (s.offset, s.out.expect("checked in line()"));
             let open = std::mem::take(&mut s.open);
             let buf = self.out_buf(out);
@@ -777,7 +1100,8 @@ impl FastLane {
         } else {
             let s = &mut self.streams[si];
             s.last_ts = Some(ts);
-            s.iso_day = Some(day);
+            s.head_note = Some(("iso", day));
+            s.last_layout = LAYOUT_ISO;
             let (offset, out) = (s.offset, s.out.expect("checked in line()"));
             let ident = std::mem::take(&mut s.ident);
             let buf = self.out_buf(out);
@@ -904,7 +1228,8 @@ impl FastLane {
         self.release(si, ts);
         let s = &mut self.streams[si];
         s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
-        s.iso_day = Some(day);
+        s.head_note = Some(("iso", day));
+            s.last_layout = LAYOUT_ISO;
         let (offset, out) = (s.offset, s.out.expect("checked in line()"));
         let open = std::mem::take(&mut s.open);
         let buf = self.out_buf(out);
@@ -986,6 +1311,128 @@ impl FastLane {
         self.counts.generic += 1;
         Ok(true)
     }
+}
+
+/// An event of a DeepSpeed line, before it is written.
+enum DsEvent {
+    /// `step`: `(step, written before the metrics)`.
+    Metric { step: Option<(i64, bool)>, metrics: Vec<(String, String)> },
+    StepSpan { step: i64, dur: i64, id: String, source: &'static str },
+    Part {
+        step: i64,
+        name: &'static str,
+        cat: &'static str,
+        start: i64,
+        dur: i64,
+        id: String,
+        parent: Option<String>,
+        collective: bool,
+    },
+}
+
+fn write_metrics(buf: &mut Vec<u8>, m: &[(String, String)]) {
+    buf.push(b'{');
+    for (i, (k, v)) in m.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        json_str(buf, k.as_bytes());
+        buf.push(b':');
+        buf.extend_from_slice(v.as_bytes());
+    }
+    buf.push(b'}');
+}
+
+/// `metric_value(v)` as JSON: NaN and infinities as the strings the analysis reads.
+fn metric_json(v: f64) -> Result<String, GiveBack> {
+    if v.is_nan() {
+        Ok("\"NaN\"".into())
+    } else if v.is_infinite() {
+        Ok(if v > 0.0 { "\"Infinity\"".into() } else { "\"-Infinity\"".into() })
+    } else {
+        json_float(v).ok_or(GiveBack)
+    }
+}
+
+/// An int (or None) of a parser's state dict; anything else is given back.
+fn get_int(d: &Bound<'_, PyDict>, key: &str) -> Result<Option<i64>, GiveBack> {
+    match d.get_item(key).map_err(|_| GiveBack)? {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => {
+            if v.is_instance_of::<pyo3::types::PyBool>() {
+                return Err(GiveBack);
+            }
+            v.extract::<i64>().map(Some).map_err(|_| GiveBack)
+        }
+    }
+}
+
+struct DsHead<'a> {
+    date: &'a [u8],
+    tod: &'a [u8],
+    frac: &'a [u8],
+    level: Option<&'static str>,
+    logger: &'a [u8],
+    body_at: usize,
+}
+
+/// The "deepspeed" head layout: `\[DATE TIME(?:[.,]\d{1,9})?\] \[(?P<level>[A-Z]+)\] \[(?P<logger>[^\]]*)\] ?`.
+fn ds_head(t: &[u8]) -> Option<DsHead<'_>> {
+    if !(t.first() == Some(&b'[') && digits(t, 1, 4) && t.get(5) == Some(&b'-') && digits(t, 6, 2)
+        && t.get(8) == Some(&b'-') && digits(t, 9, 2) && t.get(11) == Some(&b' ') && digits(t, 12, 2)
+        && t.get(14) == Some(&b':') && digits(t, 15, 2) && t.get(17) == Some(&b':') && digits(t, 18, 2))
+    {
+        return None;
+    }
+    let mut i = 20;
+    let mut frac: &[u8] = &[];
+    if matches!(t.get(i), Some(b'.') | Some(b',')) {
+        let mut j = i + 1;
+        while j < t.len() && t[j].is_ascii_digit() {
+            j += 1;
+        }
+        if j - (i + 1) >= 1 && j - (i + 1) <= 9 && t.get(j) == Some(&b']') {
+            frac = &t[i + 1..j];
+            i = j;
+        } else {
+            return None;
+        }
+    }
+    if !t[i..].starts_with(b"] [") {
+        return None;
+    }
+    i += 3;
+    let ls = i;
+    while i < t.len() && t[i].is_ascii_uppercase() {
+        i += 1;
+    }
+    if i == ls || !t[i..].starts_with(b"] [") {
+        return None;
+    }
+    let word = &t[ls..i];
+    let level = LEVELS.iter().find(|(w, _)| *w == word).map(|e| e.1).or(match word {
+        b"I" => Some("INFO"),
+        b"W" => Some("WARNING"),
+        b"E" => Some("ERROR"),
+        b"F" => Some("CRITICAL"),
+        b"D" => Some("DEBUG"),
+        _ => None,
+    });
+    i += 3;
+    let gs = i;
+    while i < t.len() && t[i] != b']' {
+        i += 1;
+    }
+    if i >= t.len() {
+        return None;
+    }
+    let logger = &t[gs..i];
+    i += 1;
+    if t.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    Some(DsHead { date: &t[1..11], tod: &t[12..20], frac, level, logger, body_at: i })
 }
 
 /// One `key value[unit]` pair of a generic step line, as byte ranges of the text.
