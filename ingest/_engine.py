@@ -540,9 +540,9 @@ class Ingestor:
                 points.add(self._sync_stream(src, streams, _label_prefix(label))[2], step, ts)
             if stop is None:
                 return
-            start, end, label, ids, day = stop
-            if day is not None:  # the strict heads the lane read since: as the Python path notes them
-                self._sync_stream(src, streams, _label_prefix(label))[1].note_iso(day)
+            start, end, label, ids, head = stop
+            if head is not None:  # the heads the lane read since: as the Python path notes them
+                self._sync_stream(src, streams, _label_prefix(label))[1].note_layout(*head)
             self._sync_lines(src, ((block[start:end], frozenset(ids)),), streams, points)
             if end >= len(block):
                 return
@@ -667,7 +667,8 @@ class Ingestor:
         state = stream.state
         src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
                             stream.block is not None or bool(stream.pending), src.mtime_ns or None,
-                            state.state("generic-step"), state.state("deepspeed"), stream.head.last_layout,
+                            state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
+                            stream.head.last_layout,
                             state.rank_guessed)
 
     def _lane_export(self, src: _Src, label: int | None) -> None:
@@ -697,7 +698,7 @@ class Ingestor:
             if counts[kind]:
                 events[kind] = events.get(kind, 0) + counts[kind]
         by = s.lines_by_parser
-        for name in ("generic-step", "nccl", "deepspeed"):
+        for name in ("generic-step", "nccl", "deepspeed", "megatron"):
             if counts[name]:
                 by[name] = by.get(name, 0) + counts[name]
         if sync and self._sync is not None:

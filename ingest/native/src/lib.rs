@@ -230,6 +230,7 @@ struct Stream {
     /// The stream's rank was guessed: DeepSpeed's `[Rank N]` then routes events (Python's job).
     rank_guessed: bool,
     deepspeed_state: Py<PyDict>,
+    megatron_state: Py<PyDict>,
     pending: Vec<Pending>,
     /// Python holds a multi-line block or pending lines of this stream: all its lines go there.
     busy: bool,
@@ -258,6 +259,7 @@ struct Counts {
     generic: u64,
     nccl: u64,
     deepspeed: u64,
+    megatron: u64,
     estimated: u64,
 }
 
@@ -278,6 +280,7 @@ struct FastLane {
     generic: Option<usize>,
     nccl: Option<usize>,
     deepspeed: Option<usize>,
+    megatron: Option<usize>,
     ds_progress_rx: regex::Regex,
     ds_timers_rx: regex::Regex,
     ds_item_rx: regex::Regex,
@@ -297,7 +300,7 @@ struct FastLane {
     /// Parsers whose step lines are clock-alignment moments (`sync_points` with `sync_step`).
     sync_parsers: Vec<usize>,
     /// Alignment pass: the epoch day of the last strict head per label since Python last read a line of it.
-    sync_days: HashMap<Option<u32>, i64>,
+    sync_days: HashMap<Option<u32>, (&'static str, i64)>,
 }
 
 /// Why a line goes back to Python (nothing of it has been written).
@@ -363,6 +366,7 @@ impl FastLane {
             generic: find("generic-step"),
             nccl: find("nccl"),
             deepspeed: find("deepspeed"),
+            megatron: find("megatron"),
             // deepspeed/runtime/engine.py `_report_progress` and utils/timer.py, as ingest/parsers/deepspeed.py reads them
             ds_progress_rx: regex::Regex::new(r"step=(\d+), skipped=(\d+), lr=\[?([^\],]*)[^,]*(?:\])?, mom=").unwrap(),
             ds_timers_rx: regex::Regex::new(r"time \(ms\)((?: \| [\w.-]+: [-\d.]+(?: \([^)]*\))?)+)").unwrap(),
@@ -404,6 +408,7 @@ impl FastLane {
         mtime_ns: Option<i64>,
         generic_state: Py<PyDict>,
         deepspeed_state: Py<PyDict>,
+        megatron_state: Py<PyDict>,
         last_layout: Option<String>,
         rank_guessed: bool,
     ) {
@@ -426,6 +431,7 @@ impl FastLane {
             },
             rank_guessed,
             deepspeed_state,
+            megatron_state,
             pending: Vec::new(),
             busy,
             mtime_ns,
@@ -512,14 +518,14 @@ impl FastLane {
     /// line that Python must read.
     ///
     /// Returns `(points, stop)`: points `(label, step, ts)` in line order, and `None` at the end or the line
-    /// to give back as `(start, end, label, sync parser ids, day)`, where `day` is the epoch day of the last
-    /// strict head of that label read here since the previous such line (to note in Python's head parser).
+    /// to give back as `(start, end, label, sync parser ids, head)`, where `head` is `(layout, epoch day)` of
+    /// the last head of that label read here since the previous such line (to note in Python's head parser).
     #[allow(clippy::type_complexity)]
     fn sync_run(
         &mut self,
         block: &[u8],
         pos: usize,
-    ) -> (Vec<(Option<u32>, i64, i64)>, Option<(usize, usize, Option<u32>, Ids, Option<i64>)>) {
+    ) -> (Vec<(Option<u32>, i64, i64)>, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>) {
         let n = block.len();
         if pos == 0 {
             self.find_hit_lines(block);
@@ -586,6 +592,7 @@ impl FastLane {
         d.set_item("generic-step", c.generic)?;
         d.set_item("nccl", c.nccl)?;
         d.set_item("deepspeed", c.deepspeed)?;
+        d.set_item("megatron", c.megatron)?;
         d.set_item("estimated", c.estimated)?;
         Ok((outs, d, std::mem::take(&mut self.sync)))
     }
@@ -647,8 +654,14 @@ impl FastLane {
             (None, raw)
         };
         let Some(&si) = self.by_label.get(&label) else { return Err(GiveBack) };
+        if self.streams[si].busy || text.is_empty() {
+            return Err(GiveBack);
+        }
+        if text.starts_with(b" [") {
+            return self.megatron_line(py, si, label, text, ids); // Megatron's " [date time] iteration …"
+        }
         // A blank text, or one that starts with white space: Python's.
-        if self.streams[si].busy || text.is_empty() || !(0x21..=0x7e).contains(&text[0]) {
+        if !(0x21..=0x7e).contains(&text[0]) {
             return Err(GiveBack);
         }
         if text[0] == b'[' {
@@ -766,6 +779,161 @@ impl FastLane {
                 Err(g)
             }
         }
+    }
+
+    /// A Megatron-LM iteration line (`training_log`: ` [date time] iteration N/ T | key: value | …`), as the
+    /// "bracket-iso" head layout and `MegatronParser._iteration` read it.
+    fn megatron_line(
+        &mut self,
+        py: Python<'_>,
+        si: usize,
+        label: Option<u32>,
+        text: &[u8],
+        ids: &[usize],
+    ) -> Result<bool, GiveBack> {
+        let mg = self.megatron.ok_or(GiveBack)?;
+        // `_parse` tries the triggered parsers in registry order: Megatron first (the generic one may follow).
+        if ids.first() != Some(&mg) || !ids.iter().all(|&i| i == mg || Some(i) == self.generic) {
+            return Err(GiveBack);
+        }
+        if self.streams[si].out.is_none() {
+            return Err(GiveBack);
+        }
+        let (ts, day, body_at) = megatron_head(text, self.tz_offset_s).ok_or(GiveBack)?;
+        let body = &text[body_at..];
+        if body.len() > self.cap || !body.iter().all(|&c| (0x20..0x7f).contains(&c)) {
+            return Err(GiveBack);
+        }
+        let body_s = std::str::from_utf8(body).map_err(|_| GiveBack)?;
+        let (it, total, at) = megatron_iter(body_s).ok_or(GiveBack)?;
+        let mut m: Vec<(String, String)> = vec![("train_iters".into(), json_float(total as f64).ok_or(GiveBack)?)];
+        let mut values: Vec<(String, f64)> = Vec::new(); // the numbers behind m, by name
+        let mut first_loss: Option<f64> = None;
+        for field in body_s[at..].split('|') {
+            let Some((key, raw)) = field.split_once(':') else { continue };
+            let key = key.trim();
+            if key.is_empty() {
+                continue;
+            }
+            // `number(raw)`: float(raw.strip().rstrip(",")); only plain decimal numbers here
+            let r = raw.trim().trim_end_matches(',').trim();
+            if r.is_empty() || !r.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-')) {
+                return Err(GiveBack);
+            }
+            let Ok(v) = r.parse::<f64>() else { continue };
+            let name = match megatron_key(key) {
+                Some(n) => n.to_string(),
+                None => {
+                    let n = metric_name(key);
+                    if key.contains("loss") && !key.contains("scale") && first_loss.is_none() {
+                        first_loss = Some(v);
+                    }
+                    n
+                }
+            };
+            let j = metric_json(v)?;
+            match m.iter_mut().find(|(k, _)| *k == name) {
+                Some(e) => e.1 = j,
+                None => m.push((name.clone(), j)),
+            }
+            match values.iter_mut().find(|(k, _)| *k == name) {
+                Some(e) => e.1 = v,
+                None => values.push((name, v)),
+            }
+        }
+        let get = |k: &str| values.iter().find(|(n, _)| n == k).map(|e| e.1);
+        if let Some(l) = first_loss {
+            if !m.iter().any(|(k, _)| k == "loss") {
+                m.push(("loss".into(), metric_json(l)?));
+            }
+        } else if get("nan_iters").is_some_and(|v| v != 0.0) {
+            match m.iter_mut().find(|(k, _)| k == "loss") {
+                Some(e) => e.1 = "\"NaN\"".into(),
+                None => m.push(("loss".into(), "\"NaN\"".into())),
+            }
+        }
+        let iter_ms = get("iter_ms");
+        if iter_ms.is_some_and(|v| !v.is_finite()) || get("global_batch_size").is_some_and(|v| !v.is_finite()) {
+            return Err(GiveBack); // metric_value() made them strings: Python's
+        }
+        if let (Some(ms), Some(batch)) = (iter_ms, get("global_batch_size")) {
+            if ms > 0.0 {
+                let x = batch / (ms / 1000.0);
+                if !x.is_finite() {
+                    return Err(GiveBack);
+                }
+                // round(x, 3): Rust's fixed precision rounds the exact value half to even, as Python's round does
+                let r: f64 = format!("{:.3}", x).parse().map_err(|_| GiveBack)?;
+                let j = json_float(r).ok_or(GiveBack)?;
+                match m.iter_mut().find(|(k, _)| k == "samples_per_s") {
+                    Some(e) => e.1 = j,
+                    None => m.push(("samples_per_s".into(), j)),
+                }
+            }
+        }
+        let dur = match iter_ms {
+            Some(ms) if ms > 0.0 => {
+                if !(ms * 1e6).is_finite() || ms * 1e6 >= 9e18 {
+                    return Err(GiveBack);
+                }
+                Some((ms * 1e6) as i64)
+            }
+            _ => None,
+        };
+        // From here on the state changes and the events are written.
+        let id = dur.map(|_| self.new_span_id());
+        {
+            let st = self.streams[si].megatron_state.bind(py);
+            st.set_item("iteration", it).map_err(|_| GiveBack)?;
+            st.set_item("iter_ms", iter_ms).map_err(|_| GiveBack)?;
+            if let Some(id) = &id {
+                st.set_item("step_span", id).map_err(|_| GiveBack)?;
+            }
+        }
+        self.release(si, ts);
+        let s = &mut self.streams[si];
+        s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
+        s.head_note = Some(("bracket-iso", day));
+        s.last_layout = LAYOUT_OTHER;
+        let (offset, out) = (s.offset, s.out.expect("checked above"));
+        let open = std::mem::take(&mut s.open);
+        let buf = self.out_buf(out);
+        let t = ts + offset;
+        buf.extend_from_slice(&open);
+        buf.extend_from_slice(b"\"kind\":\"log\",\"level\":\"INFO\",\"msg\":");
+        json_str(buf, body);
+        buf.extend_from_slice(b",\"ts\":");
+        push_int(buf, t);
+        buf.extend_from_slice(b"}\n");
+        buf.extend_from_slice(&open);
+        buf.extend_from_slice(b"\"kind\":\"metric\",\"step\":");
+        push_int(buf, it);
+        buf.extend_from_slice(b",\"metrics\":");
+        write_metrics(buf, &m);
+        buf.extend_from_slice(b",\"ts\":");
+        push_int(buf, t);
+        buf.extend_from_slice(b"}\n");
+        if let (Some(dur), Some(id)) = (dur, &id) {
+            buf.extend_from_slice(&open);
+            buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
+            push_int(buf, it);
+            buf.extend_from_slice(b",\"dur\":");
+            push_int(buf, dur);
+            buf.extend_from_slice(b",\"span_id\":\"");
+            buf.extend_from_slice(id.as_bytes());
+            buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"megatron\"},\"start\":");
+            push_int(buf, ts - dur + offset);
+            buf.extend_from_slice(b",\"ts\":");
+            push_int(buf, t);
+            buf.extend_from_slice(b"}\n");
+            self.sync.push((label, it, t));
+            self.counts.spans += 1;
+        }
+        self.streams[si].open = open;
+        self.counts.logs += 1;
+        self.counts.metrics += 1;
+        self.counts.megatron += 1;
+        Ok(true)
     }
 
     /// A DeepSpeed logger line (`[date time] [LEVEL] [file:line:func] …`) with a progress or timer message, as
@@ -1056,7 +1224,7 @@ impl FastLane {
     /// A moment of the alignment pass: a strict-head line whose only sync parser is the generic one,
     /// read as `GenericStepParser.sync_step` reads it; `Ok(None)`: not a moment.
     fn sync_line(&mut self, raw: &[u8], ids: &[usize]) -> Result<Option<(Option<u32>, i64, i64)>, GiveBack> {
-        if ids != [self.generic.ok_or(GiveBack)?] || raw.contains(&0) {
+        if raw.contains(&0) || std::str::from_utf8(raw).is_err() {
             return Err(GiveBack);
         }
         let (label, text) = if self.srun {
@@ -1067,6 +1235,20 @@ impl FastLane {
         } else {
             (None, raw)
         };
+        if ids.first().is_some_and(|&i| Some(i) == self.megatron) && text.starts_with(b" [") {
+            // MegatronParser.sync_step on a bracket-iso head: the first sync parser, so its answer stands
+            let (ts, day, at) = megatron_head(text, self.tz_offset_s).ok_or(GiveBack)?;
+            let body = std::str::from_utf8(&text[at..]).map_err(|_| GiveBack)?;
+            if !body.is_ascii() {
+                return Err(GiveBack);
+            }
+            let (it, _, _) = megatron_iter(body).ok_or(GiveBack)?;
+            self.sync_days.insert(label, ("bracket-iso", day));
+            return Ok(Some((label, it, ts)));
+        }
+        if ids != [self.generic.ok_or(GiveBack)?] {
+            return Err(GiveBack);
+        }
         let h = strict_head(text).ok_or(GiveBack)?;
         let (ts, day) = self.stamp(&h).ok_or(GiveBack)?;
         let body = &text[h.body_at..];
@@ -1074,7 +1256,7 @@ impl FastLane {
             return Err(GiveBack);
         }
         let text = std::str::from_utf8(body).map_err(|_| GiveBack)?;
-        self.sync_days.insert(label, day);
+        self.sync_days.insert(label, ("iso", day));
         let Some(m) = self.step_rx.captures(text) else { return Ok(None) };
         let step: i64 = m[2].parse().map_err(|_| GiveBack)?;
         Ok(next_pair(text, m.get(0).unwrap().end())?.map(|_| (label, step, ts)))
@@ -1365,6 +1547,124 @@ fn get_int(d: &Bound<'_, PyDict>, key: &str) -> Result<Option<i64>, GiveBack> {
             }
             v.extract::<i64>().map(Some).map_err(|_| GiveBack)
         }
+    }
+}
+
+/// The "bracket-iso" head of a Megatron iteration line: ` ?\[DATE[ T_]TIME(?:[.,]\d{1,9})?\] ?` followed by
+/// `iteration`, where the layout's optional level, logger and separator all fail (checked: none can start
+/// at "iteration N"); `(UTC ns, epoch day, body start)`. A zone in the stamp: `None`.
+fn megatron_head(t: &[u8], tz_offset_s: i64) -> Option<(i64, i64, usize)> {
+    let b = if t.first() == Some(&b' ') { 1 } else { 0 };
+    if !(t.get(b) == Some(&b'[') && digits(t, b + 1, 4) && t.get(b + 5) == Some(&b'-') && digits(t, b + 6, 2)
+        && t.get(b + 8) == Some(&b'-') && digits(t, b + 9, 2) && matches!(t.get(b + 11), Some(b' ') | Some(b'T') | Some(b'_'))
+        && digits(t, b + 12, 2) && t.get(b + 14) == Some(&b':') && digits(t, b + 15, 2) && t.get(b + 17) == Some(&b':')
+        && digits(t, b + 18, 2))
+    {
+        return None;
+    }
+    let mut i = b + 20;
+    let mut frac: &[u8] = &[];
+    if matches!(t.get(i), Some(b'.') | Some(b',')) {
+        let mut j = i + 1;
+        while j < t.len() && t[j].is_ascii_digit() {
+            j += 1;
+        }
+        if !(1..=9).contains(&(j - i - 1)) {
+            return None;
+        }
+        frac = &t[i + 1..j];
+        i = j;
+    }
+    if t.get(i) != Some(&b']') {
+        return None;
+    }
+    i += 1;
+    if t.get(i) == Some(&b' ') {
+        i += 1;
+    }
+    let rest = &t[i..];
+    // "iteration" then white space then a digit: no level, logger or separator of the layout's tail can match
+    if !rest.starts_with(b"iteration") || !matches!(rest.get(9), Some(b' ')) {
+        return None;
+    }
+    let (day, sod) = day_and_second(&t[b + 1..b + 11], &t[b + 12..b + 20])?;
+    let f = if frac.is_empty() { 0 } else { num(frac) * FRAC_SCALE[frac.len()] };
+    Some(((day * 86400 + sod - tz_offset_s) * 1_000_000_000 + f, day, i))
+}
+
+/// `iteration\s+(\d+)/\s*(\d+) \|` at the start of `body` (ASCII): `(it, total, end)`.
+fn megatron_iter(body: &str) -> Option<(i64, i64, usize)> {
+    let t = body.as_bytes();
+    let mut i = "iteration".len();
+    let s0 = i;
+    while i < t.len() && matches!(t[i], b' ' | b'\t') {
+        i += 1;
+    }
+    if i == s0 {
+        return None;
+    }
+    let d0 = i;
+    while i < t.len() && t[i].is_ascii_digit() {
+        i += 1;
+    }
+    if i == d0 || t.get(i) != Some(&b'/') || i - d0 > 18 {
+        return None;
+    }
+    let it = num(&t[d0..i]);
+    i += 1;
+    while i < t.len() && matches!(t[i], b' ' | b'\t') {
+        i += 1;
+    }
+    let d1 = i;
+    while i < t.len() && t[i].is_ascii_digit() {
+        i += 1;
+    }
+    if i == d1 || i - d1 > 18 || !t[i..].starts_with(b" |") {
+        return None;
+    }
+    Some((it, num(&t[d1..i]), i + 2))
+}
+
+fn megatron_key(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "consumed samples" => "consumed_samples",
+        "skipped samples" => "skipped_samples",
+        "elapsed time per iteration (ms)" => "iter_ms",
+        "throughput per GPU (TFLOP/s/GPU)" => "tflops_per_gpu",
+        "energy per GPU (J/iter/GPU)" => "energy_j_per_gpu",
+        "power per GPU (W/GPU)" => "power_w_per_gpu",
+        "learning rate" => "lr",
+        "decoupled learning rate" => "decoupled_lr",
+        "global batch size" => "global_batch_size",
+        "loss scale" => "loss_scale",
+        "grad norm" => "grad_norm",
+        "num zeros" => "num_zeros",
+        "params norm" => "params_norm",
+        "number of skipped iterations" => "skipped_iters",
+        "number of nan iterations" => "nan_iters",
+        _ => return None,
+    })
+}
+
+/// `_metric_name`: runs of other than ASCII letters and digits become `_`, stripped, lower case; or "value".
+fn metric_name(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    let mut gap = false;
+    for c in key.chars() {
+        if c.is_ascii_alphanumeric() {
+            if gap && !out.is_empty() {
+                out.push('_');
+            }
+            gap = false;
+            out.push(c.to_ascii_lowercase());
+        } else {
+            gap = true;
+        }
+    }
+    if out.is_empty() {
+        "value".into()
+    } else {
+        out
     }
 }
 
