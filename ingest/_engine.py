@@ -668,7 +668,7 @@ class Ingestor:
         src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
                             stream.block is not None or bool(stream.pending), src.mtime_ns or None,
                             state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
-                            stream.head.last_layout,
+                            state.state("huggingface"), stream.head.last_layout,
                             state.rank_guessed)
 
     def _lane_export(self, src: _Src, label: int | None) -> None:
@@ -686,8 +686,8 @@ class Ingestor:
 
     def _lane_drain(self, src: _Src) -> None:
         outs, counts, sync = src.lane.drain()
-        for index, data in outs:  # sinks take one event line per item
-            self._out_list[index].buf.extend(data.splitlines(keepends=True))
+        for index, lines in outs:
+            self._out_list[index].buf.extend(lines)
         s = self.summary
         s.lines += counts["lines"]
         s.parsed += counts["parsed"]
@@ -698,9 +698,11 @@ class Ingestor:
             if counts[kind]:
                 events[kind] = events.get(kind, 0) + counts[kind]
         by = s.lines_by_parser
-        for name in ("generic-step", "nccl", "deepspeed", "megatron"):
+        for name in ("generic-step", "nccl", "deepspeed", "megatron", "huggingface"):
             if counts[name]:
                 by[name] = by.get(name, 0) + counts[name]
+        for reason, n in counts["skipped"].items():
+            s.skipped[reason] = s.skipped.get(reason, 0) + n
         if sync and self._sync is not None:
             for label, step, ts in sync:
                 self._sync.add(src.lane_streams[label].domain, step, ts)

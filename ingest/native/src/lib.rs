@@ -210,6 +210,9 @@ const FRAC_SCALE: [i64; 10] = [0, 100_000_000, 10_000_000, 1_000_000, 100_000, 1
 /// A line without a timestamp, waiting (as in the Python engine) for the stream's next one.
 enum Pending {
     Print { msg: String },
+    /// A step span of a tqdm bar (`HuggingFaceParser._bar`), `dt` before the line's (estimated) time.
+    TqdmSpan { step: i64, dur: i64, id: String, dt: i64 },
+    TqdmMetric { n: i64, total: i64 },
     Nccl { level: &'static str, msg: String, host: String, pid: i64, tid: i64, dev: i64, src: Option<String> },
 }
 
@@ -231,6 +234,7 @@ struct Stream {
     rank_guessed: bool,
     deepspeed_state: Py<PyDict>,
     megatron_state: Py<PyDict>,
+    huggingface_state: Py<PyDict>,
     pending: Vec<Pending>,
     /// Python holds a multi-line block or pending lines of this stream: all its lines go there.
     busy: bool,
@@ -260,7 +264,9 @@ struct Counts {
     nccl: u64,
     deepspeed: u64,
     megatron: u64,
+    huggingface: u64,
     estimated: u64,
+    skipped: Vec<(&'static str, u64)>,
 }
 
 /// The fast lane of one input file: its streams, outputs and counters.
@@ -281,6 +287,10 @@ struct FastLane {
     nccl: Option<usize>,
     deepspeed: Option<usize>,
     megatron: Option<usize>,
+    huggingface: Option<usize>,
+    tqdm_rx: regex::Regex,
+    /// Set by a line that a parser skips (counted as skipped with its reason, not as parsed).
+    skipped_line: bool,
     ds_progress_rx: regex::Regex,
     ds_timers_rx: regex::Regex,
     ds_item_rx: regex::Regex,
@@ -293,8 +303,6 @@ struct FastLane {
     /// The number the next span id is made from: set by Python before `run`, read after it.
     #[pyo3(get, set)]
     next_span_id: u64,
-    step_rx: regex::Regex,
-    nccl_rx: regex::Regex,
     counts: Counts,
     sync: Vec<(Option<u32>, i64, i64)>,
     /// Parsers whose step lines are clock-alignment moments (`sync_points` with `sync_step`).
@@ -367,6 +375,13 @@ impl FastLane {
             nccl: find("nccl"),
             deepspeed: find("deepspeed"),
             megatron: find("megatron"),
+            huggingface: find("huggingface"),
+            // tqdm/std.py format_meter, as ingest/parsers/huggingface.py's _BAR reads it without a description
+            tqdm_rx: regex::Regex::new(
+                r"^\s*(\d+)%\|[^|]*\| (\d+)/(\d+) \[([\d:]+)<([\d:?]+), +([\d.?]+)(it/s|s/it)([^\]]*)\]",
+            )
+            .unwrap(),
+            skipped_line: false,
             // deepspeed/runtime/engine.py `_report_progress` and utils/timer.py, as ingest/parsers/deepspeed.py reads them
             ds_progress_rx: regex::Regex::new(r"step=(\d+), skipped=(\d+), lr=\[?([^\],]*)[^,]*(?:\])?, mom=").unwrap(),
             ds_timers_rx: regex::Regex::new(r"time \(ms\)((?: \| [\w.-]+: [-\d.]+(?: \([^)]*\))?)+)").unwrap(),
@@ -377,15 +392,6 @@ impl FastLane {
             roles: HashMap::new(),
             role_fn: role,
             next_span_id: 1,
-            // ASCII classes: the lane gives these patterns printable ASCII only, where they read as Python's.
-            step_rx: regex::RegexBuilder::new(r"(?i)\b(global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?(\d+)(?:\s*/\s*\d+)?")
-                .unicode(false)
-                .build()
-                .unwrap(),
-            nccl_rx: regex::Regex::new(
-                r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:(?P<file>[\w./-]+):(?P<line>\d+) (?:\((?P<func>[^)]*)\) )?)?NCCL (?P<lvl>INFO|WARN|TRACE|CALL|ABORT) ?(?P<msg>.*)",
-            )
-            .unwrap(),
             counts: Counts::default(),
             sync: Vec::new(),
             sync_parsers,
@@ -409,6 +415,7 @@ impl FastLane {
         generic_state: Py<PyDict>,
         deepspeed_state: Py<PyDict>,
         megatron_state: Py<PyDict>,
+        huggingface_state: Py<PyDict>,
         last_layout: Option<String>,
         rank_guessed: bool,
     ) {
@@ -432,6 +439,7 @@ impl FastLane {
             rank_guessed,
             deepspeed_state,
             megatron_state,
+            huggingface_state,
             pending: Vec::new(),
             busy,
             mtime_ns,
@@ -460,6 +468,28 @@ impl FastLane {
                 Pending::Print { msg } => {
                     d.set_item("level", "INFO")?;
                     d.set_item("msg", msg)?;
+                }
+                Pending::TqdmSpan { step, dur, id, dt } => {
+                    d.del_item("kind")?;
+                    d.set_item("kind", "span")?;
+                    d.set_item("cat", "step")?;
+                    d.set_item("name", "step")?;
+                    d.set_item("step", step)?;
+                    d.set_item("dur", dur)?;
+                    d.set_item("span_id", id)?;
+                    let a = PyDict::new(py);
+                    a.set_item("source", "tqdm")?;
+                    d.set_item("attrs", a)?;
+                    d.set_item("dt", dt)?;
+                }
+                Pending::TqdmMetric { n, total } => {
+                    d.del_item("kind")?;
+                    d.set_item("kind", "metric")?;
+                    d.set_item("step", n)?;
+                    let m = PyDict::new(py);
+                    m.set_item("progress", n as f64)?;
+                    m.set_item("progress_total", total as f64)?;
+                    d.set_item("metrics", m)?;
                 }
                 Pending::Nccl { level, msg, host, pid, tid, dev, src } => {
                     d.set_item("level", level)?;
@@ -506,7 +536,9 @@ impl FastLane {
                 Ok(false) | Err(GiveBack) => return Some((start, end, self.label_of(raw), ids)),
             }
             self.counts.lines += 1;
-            self.counts.parsed += 1;
+            if !std::mem::take(&mut self.skipped_line) {
+                self.counts.parsed += 1; // a line a parser skips is counted with its reason instead
+            }
             if end >= n {
                 return None;
             }
@@ -568,17 +600,24 @@ impl FastLane {
 
     /// What was written since the last call: `(outputs, counts, sync points)`.
     ///
-    /// Outputs are `(out, bytes)` in the order their streams were added; counts a dict of
+    /// Outputs are `(out, [event line bytes])` by output index; counts a dict of
     /// the summary's numbers; sync points `(label, step, ts)` of step ends.
     #[allow(clippy::type_complexity)]
     fn drain<'py>(
         &mut self,
         py: Python<'py>,
-    ) -> PyResult<(Vec<(usize, Bound<'py, PyBytes>)>, Bound<'py, PyDict>, Vec<(Option<u32>, i64, i64)>)> {
+    ) -> PyResult<(Vec<(usize, Bound<'py, PyList>)>, Bound<'py, PyDict>, Vec<(Option<u32>, i64, i64)>)> {
         let mut outs = Vec::new();
         for (i, buf) in self.outs.iter_mut().enumerate() {
             if !buf.is_empty() {
-                outs.push((i, PyBytes::new(py, buf)));
+                // one bytes object per event line, as sinks take them (the buffer keeps its memory)
+                let list = PyList::empty(py);
+                let mut start = 0;
+                for end in memchr::memchr_iter(b'\n', buf) {
+                    list.append(PyBytes::new(py, &buf[start..=end]))?;
+                    start = end + 1;
+                }
+                outs.push((i, list));
                 buf.clear();
             }
         }
@@ -593,6 +632,12 @@ impl FastLane {
         d.set_item("nccl", c.nccl)?;
         d.set_item("deepspeed", c.deepspeed)?;
         d.set_item("megatron", c.megatron)?;
+        d.set_item("huggingface", c.huggingface)?;
+        let sk = PyDict::new(py);
+        for (reason, n) in &c.skipped {
+            sk.set_item(*reason, *n)?;
+        }
+        d.set_item("skipped", sk)?;
         d.set_item("estimated", c.estimated)?;
         Ok((outs, d, std::mem::take(&mut self.sync)))
     }
@@ -660,6 +705,9 @@ impl FastLane {
         if text.starts_with(b" [") {
             return self.megatron_line(py, si, label, text, ids); // Megatron's " [date time] iteration …"
         }
+        if text[0] == b' ' && ids.len() == 1 && Some(ids[0]) == self.huggingface {
+            return self.tqdm_line(py, si, text); // no head layout starts with a blank not followed by "["
+        }
         // A blank text, or one that starts with white space: Python's.
         if !(0x21..=0x7e).contains(&text[0]) {
             return Err(GiveBack);
@@ -712,7 +760,13 @@ impl FastLane {
         let pend = std::mem::take(&mut s.pending);
         let (open, offset, out) = (std::mem::take(&mut s.open), s.offset, s.out.expect("checked by the caller"));
         self.counts.estimated += n as u64;
-        self.counts.logs += n as u64;
+        for p in &pend {
+            match p {
+                Pending::TqdmSpan { .. } => self.counts.spans += 1,
+                Pending::TqdmMetric { .. } => self.counts.metrics += 1,
+                _ => self.counts.logs += 1,
+            }
+        }
         let buf = self.out_buf(out);
         for (i, p) in pend.into_iter().enumerate() {
             let t = if hi > lo { lo + (hi - lo) * (i as i64 + 1) / (n + 1) } else { lo };
@@ -749,27 +803,23 @@ impl FastLane {
             return Err(GiveBack); // `\w` and friends differ between Python and Rust outside ASCII
         }
         let t = std::str::from_utf8(text).map_err(|_| GiveBack)?;
-        let c = self.nccl_rx.captures(t).ok_or(GiveBack)?;
-        let msg = c.name("msg").map_or("", |m| m.as_str());
-        if msg.len() > self.cap {
+        let c = nccl_at_start(t).ok_or(GiveBack)?;
+        if c.msg.len() > self.cap {
             return Err(GiveBack);
         }
-        let int = |k: &str| c.name(k).and_then(|m| m.as_str().parse::<i64>().ok()).ok_or(GiveBack);
-        let (pid, tid, dev) = (int("pid")?, int("tid")?, int("dev")?);
-        let level = match c.name("lvl").map(|m| m.as_str()) {
-            Some("WARN") | Some("ABORT") => "WARNING",
-            Some("TRACE") | Some("CALL") => "DEBUG",
+        let level = match c.lvl {
+            "WARN" | "ABORT" => "WARNING",
+            "TRACE" | "CALL" => "DEBUG",
             _ => "INFO",
         };
-        let src = c.name("file").map(|f| format!("{}:{}", f.as_str(), c.name("line").map_or("", |l| l.as_str())));
         let p = Pending::Nccl {
             level,
-            msg: msg.to_string(),
-            host: c["host"].to_string(),
-            pid,
-            tid,
-            dev,
-            src,
+            msg: c.msg.to_string(),
+            host: c.host.to_string(),
+            pid: c.pid,
+            tid: c.tid,
+            dev: c.dev,
+            src: c.src.map(|(f, l)| format!("{f}:{l}")),
         };
         self.counts.nccl += 1;
         match self.push_pending(si, p) {
@@ -778,6 +828,122 @@ impl FastLane {
                 self.counts.nccl -= 1;
                 Err(g)
             }
+        }
+    }
+
+    /// A tqdm refresh without a description (`  12%|█▏   | 120/1000 [00:30<03:40,  4.00it/s]`), as
+    /// `HuggingFaceParser._bar` reads it: steps, progress, or a counted skip; all wait for a time.
+    fn tqdm_line(&mut self, py: Python<'_>, si: usize, text: &[u8]) -> Result<bool, GiveBack> {
+        if text.len() > self.cap || self.streams[si].out.is_none() {
+            return Err(GiveBack);
+        }
+        let t = std::str::from_utf8(text).map_err(|_| GiveBack)?;
+        let bar_at = t.find('|').ok_or(GiveBack)?;
+        if t[..bar_at].contains(": ") || t.contains("{'") {
+            return Err(GiveBack); // a description (or a metrics dict): Python's
+        }
+        let c = self.tqdm_rx.captures(t).ok_or(GiveBack)?;
+        if !(2..=7).all(|k| c[k].is_ascii()) {
+            return Err(GiveBack); // `\d` admits digits that Python's int() and float() read and Rust's do not
+        }
+        let int = |k: usize| c[k].parse::<i64>().map_err(|_| GiveBack);
+        let (n, total) = (int(2)?, int(3)?);
+        let el = seconds(&c[4])?;
+        let st = self.streams[si].huggingface_state.clone_ref(py);
+        let st = st.bind(py);
+        let bar: Option<(String, i64)> = match st.get_item("bar").map_err(|_| GiveBack)? {
+            None => None,
+            Some(v) if v.is_none() => None,
+            Some(v) => Some(v.extract().map_err(|_| GiveBack)?),
+        };
+        let key = (String::new(), total);
+        let state_n = get_int(st, "n")?;
+        // Lines waiting for a time: Python releases them all at once past the cap; so does the lane.
+        let mut events: Vec<Pending> = Vec::new();
+        let skip: Option<&'static str>;
+        if bar.is_none() || (bar.as_ref() == Some(&key) && n < state_n.unwrap_or(0)) {
+            skip = if n == 0 { Some("progress bar start") } else { None };
+            self.check_room(si, if skip.is_some() { 0 } else { 1 })?;
+            st.set_item("bar", (String::new(), total)).map_err(|_| GiveBack)?;
+            st.set_item("n", n).map_err(|_| GiveBack)?;
+            st.set_item("el", el).map_err(|_| GiveBack)?;
+        } else if bar.as_ref() != Some(&key) {
+            skip = Some("progress of another bar (evaluation)");
+        } else {
+            let prev = state_n.unwrap_or(0);
+            if n <= prev {
+                skip = Some("progress bar refresh without a new step");
+            } else {
+                skip = None;
+                let rate_s = &c[6];
+                let rate = if rate_s == "?" { None } else { rate_s.parse::<f64>().ok() };
+                let mut per_step: Option<f64> = None;
+                match rate {
+                    Some(r) if r != 0.0 && r > 0.0 => per_step = Some(if &c[7] == "s/it" { r } else { 1.0 / r }),
+                    _ => {
+                        let prev_el = get_float(st, "el")?;
+                        if let (Some(e), Some(p)) = (el, prev_el) {
+                            if e > p {
+                                per_step = Some((e - p) / (n - prev) as f64);
+                            }
+                        }
+                    }
+                }
+                let mut k = 1;
+                let mut dur = 0i64;
+                let mut first = n + 1;
+                if let Some(ps) = per_step.filter(|v| *v > 0.0) {
+                    if !(ps * 1e9).is_finite() || ps * 1e9 >= 9e18 {
+                        return Err(GiveBack);
+                    }
+                    dur = (ps * 1e9) as i64;
+                    first = (prev + 1).max(n - 10_000 + 1);
+                    k += (n - first + 1) as usize;
+                }
+                self.check_room(si, k + 1)?;
+                st.set_item("n", n).map_err(|_| GiveBack)?;
+                st.set_item("el", el).map_err(|_| GiveBack)?;
+                for step in first..=n {
+                    let id = self.new_span_id();
+                    events.push(Pending::TqdmSpan { step, dur, id, dt: -(n - step) * dur });
+                }
+                events.push(Pending::TqdmMetric { n, total });
+            }
+        }
+        self.counts.huggingface += 1;
+        if let Some(reason) = skip {
+            match self.counts.skipped.iter_mut().find(|(r, _)| *r == reason) {
+                Some(e) => e.1 += 1,
+                None => self.counts.skipped.push((reason, 1)),
+            }
+            self.skipped_line = true;
+            return Ok(true);
+        }
+        let msg = t.to_string();
+        let mut all = Vec::with_capacity(events.len() + 1);
+        all.push(Pending::Print { msg }); // the line itself, as `_parse` adds it
+        all.extend(events);
+        self.push_pending_all(si, all);
+        Ok(true)
+    }
+
+    /// Whether `k` more pending events fit before the cap, or the stream can release them as Python would.
+    fn check_room(&self, si: usize, k: usize) -> Result<(), GiveBack> {
+        let s = &self.streams[si];
+        if s.pending.len() + k >= self.pending_cap && (s.last_ts.or(s.mtime_ns).is_none() || s.out.is_none()) {
+            return Err(GiveBack);
+        }
+        Ok(())
+    }
+
+    /// Append a line's pending events, then (as `_emit`) release them all at the cap.
+    fn push_pending_all(&mut self, si: usize, events: Vec<Pending>) {
+        let s = &mut self.streams[si];
+        s.pending.extend(events);
+        if s.pending.len() >= self.pending_cap {
+            let lo = s.last_ts.or(s.mtime_ns).expect("checked by check_room");
+            self.write_released(si, lo, lo);
+            self.streams[si].last_ts = Some(lo);
         }
     }
 
@@ -1257,9 +1423,8 @@ impl FastLane {
         }
         let text = std::str::from_utf8(body).map_err(|_| GiveBack)?;
         self.sync_days.insert(label, ("iso", day));
-        let Some(m) = self.step_rx.captures(text) else { return Ok(None) };
-        let step: i64 = m[2].parse().map_err(|_| GiveBack)?;
-        Ok(next_pair(text, m.get(0).unwrap().end())?.map(|_| (label, step, ts)))
+        let Some((step, after)) = find_step(text)? else { return Ok(None) };
+        Ok(next_pair(text, after)?.map(|_| (label, step, ts)))
     }
 
     /// A strict Python logging line that no parser wants: one log event, spliced as `_plain_line` writes it.
@@ -1342,9 +1507,7 @@ impl FastLane {
             return Err(GiveBack);
         }
         let text = std::str::from_utf8(body).map_err(|_| GiveBack)?;
-        let m = self.step_rx.captures(text).ok_or(GiveBack)?;
-        let step: i64 = m[2].parse().map_err(|_| GiveBack)?;
-        let after = m.get(0).unwrap().end();
+        let (step, after) = find_step(text)?.ok_or(GiveBack)?;
         let mut metrics: Vec<(String, String)> = Vec::new();
         let mut phases: Vec<(String, bool, i64)> = Vec::new();
         let mut step_ns: Option<i64> = None;
@@ -1533,6 +1696,35 @@ fn metric_json(v: f64) -> Result<String, GiveBack> {
         Ok(if v > 0.0 { "\"Infinity\"".into() } else { "\"-Infinity\"".into() })
     } else {
         json_float(v).ok_or(GiveBack)
+    }
+}
+
+/// `_seconds`: `H:M:S` (any number of parts) as seconds; `None` when a part is empty (not an int).
+fn seconds(text: &str) -> Result<Option<f64>, GiveBack> {
+    let mut total: i64 = 0;
+    for p in text.split(':') {
+        if p.is_empty() {
+            return Ok(None);
+        }
+        if p.len() > 12 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(GiveBack); // huge, or digits `int()` reads and Rust does not
+        }
+        total = total.checked_mul(60).and_then(|v| v.checked_add(p.parse::<i64>().ok()?)).ok_or(GiveBack)?;
+    }
+    Ok(Some(total as f64))
+}
+
+/// A float (or None) of a parser's state dict; anything else is given back.
+fn get_float(d: &Bound<'_, PyDict>, key: &str) -> Result<Option<f64>, GiveBack> {
+    match d.get_item(key).map_err(|_| GiveBack)? {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => {
+            if !v.is_instance_of::<pyo3::types::PyFloat>() {
+                return Err(GiveBack);
+            }
+            v.extract::<f64>().map(Some).map_err(|_| GiveBack)
+        }
     }
 }
 
@@ -1735,6 +1927,152 @@ fn ds_head(t: &[u8]) -> Option<DsHead<'_>> {
     Some(DsHead { date: &t[1..11], tod: &t[12..20], frac, level, logger, body_at: i })
 }
 
+/// An NCCL debug line (`ncclDebugLogV`) as `ingest/parsers/torch_distributed.py`'s `_NCCL` reads it.
+struct NcclLine<'a> {
+    host: &'a str,
+    pid: i64,
+    tid: i64,
+    dev: i64,
+    src: Option<(&'a str, &'a str)>,
+    lvl: &'a str,
+    msg: &'a str,
+}
+
+/// `_NCCL` (`host:pid:tid [dev] (file:line ((func) )?)?NCCL LVL ?msg`) matched at the start of ASCII `t`; where
+/// it does not match there, Python's search may find it further on: `None` (the line is given back). Each
+/// part stops where the next must start, so the first way Python's backtracking tries is the one that matches,
+/// except the optional source part, tried first and dropped when "NCCL" does not follow it.
+fn nccl_at_start(t: &str) -> Option<NcclLine<'_>> {
+    let b = t.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let run = |mut i: usize, f: &dyn Fn(u8) -> bool| {
+        while i < b.len() && f(b[i]) {
+            i += 1;
+        }
+        i
+    };
+    let h = run(0, &|c| word(c) || c == b'.' || c == b'-');
+    if h == 0 || b.get(h) != Some(&b':') {
+        return None;
+    }
+    let p = run(h + 1, &|c| c.is_ascii_digit());
+    if p == h + 1 || b.get(p) != Some(&b':') || p - h > 18 {
+        return None;
+    }
+    let q = run(p + 1, &|c| c.is_ascii_digit());
+    if q == p + 1 || !t[q..].starts_with(" [") || q - p > 18 {
+        return None;
+    }
+    let d0 = if b.get(q + 2) == Some(&b'-') { q + 3 } else { q + 2 };
+    let d = run(d0, &|c| c.is_ascii_digit());
+    if d == d0 || !t[d..].starts_with("] ") || d - d0 > 18 {
+        return None;
+    }
+    let mut i = d + 2;
+    let mut src = None;
+    // (?:(file):(line) (?:\((func)\) )?)?
+    let f = run(i, &|c| word(c) || matches!(c, b'.' | b'/' | b'-'));
+    if f > i && b.get(f) == Some(&b':') {
+        let l = run(f + 1, &|c| c.is_ascii_digit());
+        if l > f + 1 && b.get(l) == Some(&b' ') {
+            let mut j = l + 1;
+            if b.get(j) == Some(&b'(') {
+                if let Some(k) = t[j + 1..].find(')') {
+                    if b.get(j + 1 + k + 1) == Some(&b' ') && t[j + 1 + k + 2..].starts_with("NCCL ") {
+                        j = j + 1 + k + 2;
+                    }
+                }
+            }
+            if t[j..].starts_with("NCCL ") {
+                src = Some((&t[i..f], &t[f + 1..l]));
+                i = j;
+            }
+        }
+    }
+    let rest = t[i..].strip_prefix("NCCL ")?;
+    let lvl = ["INFO", "WARN", "TRACE", "CALL", "ABORT"].into_iter().find(|l| rest.starts_with(l))?;
+    let mut m = &rest[lvl.len()..];
+    if let Some(x) = m.strip_prefix(' ') {
+        m = x;
+    }
+    Some(NcclLine {
+        host: &t[..h],
+        pid: t[h + 1..p].parse().ok()?,
+        tid: t[p + 1..q].parse().ok()?,
+        dev: t[q + 2..d].parse().ok()?,
+        src,
+        lvl,
+        msg: m,
+    })
+}
+
+/// The generic parser's `_STEP` searched in printable-ASCII `text`:
+/// `(?i)\b(global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?(\d+)(?:\s*/\s*\d+)?`; `(step, end of match)`.
+///
+/// At each word start the names are tried in the pattern's order; after a name, the blanks, the separator
+/// and the bracket are optional parts that only the greedy way can get past to a digit.
+fn find_step(text: &str) -> Result<Option<(i64, usize)>, GiveBack> {
+    let t = text.as_bytes();
+    let n = t.len();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let blank = |i: usize| matches!(t.get(i), Some(b' ') | Some(b'\t'));
+    for s in 0..n {
+        if !t[s].is_ascii_alphabetic() || (s > 0 && word(t[s - 1])) {
+            continue;
+        }
+        for name in ["global_step", "step", "iter", "iteration"] {
+            let e = s + name.len();
+            if e > n || !t[s..e].eq_ignore_ascii_case(name.as_bytes()) || (e < n && word(t[e])) {
+                continue;
+            }
+            let mut j = e;
+            while blank(j) {
+                j += 1;
+            }
+            if matches!(t.get(j), Some(b'=') | Some(b':') | Some(b'#')) {
+                j += 1;
+            }
+            while blank(j) {
+                j += 1;
+            }
+            if t.get(j) == Some(&b'[') {
+                j += 1;
+            }
+            let d0 = j;
+            while j < n && t[j].is_ascii_digit() {
+                j += 1;
+            }
+            if j == d0 {
+                continue;
+            }
+            if j - d0 > 18 {
+                return Err(GiveBack); // past i64: Python's int is exact there
+            }
+            let step = num(&t[d0..j]);
+            let mut k = j;
+            while blank(k) {
+                k += 1;
+            }
+            let mut end = j;
+            if t.get(k) == Some(&b'/') {
+                k += 1;
+                while blank(k) {
+                    k += 1;
+                }
+                let k0 = k;
+                while k < n && t[k].is_ascii_digit() {
+                    k += 1;
+                }
+                if k > k0 {
+                    end = k;
+                }
+            }
+            return Ok(Some((step, end)));
+        }
+    }
+    Ok(None)
+}
+
 /// One `key value[unit]` pair of a generic step line, as byte ranges of the text.
 struct Pair {
     key: (usize, usize),
@@ -1920,6 +2258,29 @@ fn write_pending(buf: &mut Vec<u8>, open: &[u8], p: &Pending, ts: i64) {
         Pending::Print { msg } => {
             buf.extend_from_slice(b"\"kind\":\"log\",\"level\":\"INFO\",\"msg\":");
             json_str(buf, msg.as_bytes());
+        }
+        Pending::TqdmSpan { step, dur, id, dt } => {
+            buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
+            push_int(buf, *step);
+            buf.extend_from_slice(b",\"dur\":");
+            push_int(buf, *dur);
+            buf.extend_from_slice(b",\"span_id\":\"");
+            buf.extend_from_slice(id.as_bytes());
+            buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"tqdm\"},\"start\":");
+            push_int(buf, ts + dt - dur);
+            buf.extend_from_slice(b",\"ts\":");
+            push_int(buf, ts + dt);
+            buf.extend_from_slice(b",\"est\":true}\n");
+            return;
+        }
+        Pending::TqdmMetric { n, total } => {
+            buf.extend_from_slice(b"\"kind\":\"metric\",\"step\":");
+            push_int(buf, *n);
+            buf.extend_from_slice(b",\"metrics\":{\"progress\":");
+            buf.extend_from_slice(json_float(*n as f64).unwrap_or_default().as_bytes());
+            buf.extend_from_slice(b",\"progress_total\":");
+            buf.extend_from_slice(json_float(*total as f64).unwrap_or_default().as_bytes());
+            buf.push(b'}');
         }
         Pending::Nccl { level, msg, host, pid, tid, dev, src } => {
             buf.extend_from_slice(b"\"kind\":\"log\",\"level\":\"");
