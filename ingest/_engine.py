@@ -21,6 +21,7 @@ Constraints that shape it:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -36,7 +37,7 @@ from shippers import Sink
 from ._align import ClockOffset, SyncMoments, estimate_offsets
 from ._lane import lane_module, new_lane
 from .parsers._util import set_span_id_counter, span_id_counter
-from ._match import Matcher, make_matcher
+from ._match import Matcher, make_matcher, matcher_engine
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
 from ._sinks import SinkFactory
@@ -215,10 +216,11 @@ class Ingestor:
         for p in self._parsers:
             if hasattr(p, "tz"):
                 p.tz = self._tz
-        triggers = [tuple(p.triggers) for p in self._parsers]
-        self._matcher: Matcher = make_matcher(triggers, config.use_hyperscan)
-        sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]
-        self._sync_matcher: Matcher = make_matcher(sync_triggers, config.use_hyperscan)
+        # The trigger matchers are compiled when first used: the fast lane matches triggers itself.
+        self._triggers = [tuple(p.triggers) for p in self._parsers]
+        self._sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]
+        if config.use_hyperscan:
+            self._matcher  # noqa: B018 - required: say now, not mid-ingest, that Hyperscan is missing
         self._sync_ids = frozenset(i for i, p in enumerate(self._parsers)
                                    if getattr(p, "sync_points", False) and hasattr(p, "sync_step"))
         self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
@@ -231,7 +233,7 @@ class Ingestor:
         self._max_rank = -1
         self._offsets: dict[str, ClockOffset] = {}
         self._sync: SyncMoments | None = None
-        self.summary = IngestSummary(job=config.job, matcher=self._matcher.engine)
+        self.summary = IngestSummary(job=config.job, matcher=matcher_engine(config.use_hyperscan))
         if config.native and lane_module() is None:
             from jobtrace.errors import ConfigError
 
@@ -241,6 +243,14 @@ class Ingestor:
         self._events: dict[str, int] = {}
         self._bytes_total = 0
         self._stop = False
+
+    @functools.cached_property
+    def _matcher(self) -> Matcher:
+        return make_matcher(self._triggers, self.cfg.use_hyperscan)
+
+    @functools.cached_property
+    def _sync_matcher(self) -> Matcher:
+        return make_matcher(self._sync_triggers, self.cfg.use_hyperscan)
 
     # ---- public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -282,6 +292,8 @@ class Ingestor:
                 except OSError:
                     pass
         s = self.summary
+        if "_matcher" in self.__dict__:  # compiled: the engine it really uses (a fallback to re included)
+            s.matcher = self._matcher.engine
         s.events = dict(self._events)
         if self._n_log:
             s.events["log"] = s.events.get("log", 0) + self._n_log
@@ -544,6 +556,8 @@ class Ingestor:
             if head is not None:  # the heads the lane read since: as the Python path notes them
                 self._sync_stream(src, streams, _label_prefix(label))[1].note_layout(*head)
             self._sync_lines(src, ((block[start:end], frozenset(ids)),), streams, points)
+            entry = streams.get(_label_prefix(label))
+            src.lane.sync_layout(label, entry[1].last_layout if entry is not None else None)
             if end >= len(block):
                 return
             pos = end + 1
@@ -562,7 +576,8 @@ class Ingestor:
 
     def _sync_lines(self, src: _Src, lines: Iterable[tuple[bytes, frozenset[int] | None]],
                     streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: SyncMoments) -> None:
-        plain = self._plain.pattern(src.mode) if self.cfg.plain_fast_path else None
+        mode = src.mode or PrefixMode.NONE
+        plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
         for raw, ids in lines:
             if not raw or b"\x00" in raw:
                 continue
@@ -574,7 +589,7 @@ class Ingestor:
                 text = raw[m.start(2):].decode("utf-8", "replace")
             else:
                 text = raw.decode("utf-8", "replace")
-                pfx, text = (split_prefix(text, src.mode) if (src.mode != PrefixMode.NONE or text[:1] == "[")
+                pfx, text = (split_prefix(text, mode) if (mode != PrefixMode.NONE or text[:1] == "[")
                              else (None, text))
             if ids is None:
                 ids = self._sync_matcher.line(text)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-__all__ = ["Matcher", "make_matcher"]
+__all__ = ["Matcher", "make_matcher", "matcher_engine"]
 
 
 def _group(pattern: str) -> str:
@@ -76,6 +76,17 @@ class HyperscanMatcher(Matcher):
         self._db.scan(block, match_event_handler=on_match, scratch=self._scratch)
         hits.sort()
         return hits
+
+
+def matcher_engine(use_hyperscan: bool | None = None) -> str:
+    """The engine :func:`make_matcher` picks, without compiling anything (``re`` where Hyperscan is missing)."""
+    if use_hyperscan is False:
+        return Matcher.engine
+    try:
+        import hyperscan  # noqa: F401
+    except ImportError:
+        return Matcher.engine
+    return HyperscanMatcher.engine
 
 
 def make_matcher(triggers: Sequence[Sequence[str]], use_hyperscan: bool | None = None) -> Matcher:

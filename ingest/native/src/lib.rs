@@ -201,6 +201,15 @@ const LAYOUT_ISO: u8 = 1;
 const LAYOUT_DEEPSPEED: u8 = 2;
 const LAYOUT_OTHER: u8 = 3;
 
+fn layout_code(name: Option<&str>) -> u8 {
+    match name {
+        None => LAYOUT_NONE,
+        Some("iso") => LAYOUT_ISO,
+        Some("deepspeed") => LAYOUT_DEEPSPEED,
+        Some(_) => LAYOUT_OTHER,
+    }
+}
+
 const UNITS: [&str; 8] = ["ms", "s", "us", "µs", "sec", "secs", "seconds", "msec"];
 
 const FRAC_SCALE: [i64; 10] = [0, 100_000_000, 10_000_000, 1_000_000, 100_000, 10_000, 1_000, 100, 10, 1];
@@ -309,6 +318,8 @@ struct FastLane {
     sync_parsers: Vec<usize>,
     /// Alignment pass: the epoch day of the last strict head per label since Python last read a line of it.
     sync_days: HashMap<Option<u32>, (&'static str, i64)>,
+    /// Alignment pass: the layout Python's head parser of each label tries first (`LAYOUT_*`).
+    sync_layouts: HashMap<Option<u32>, u8>,
 }
 
 /// Why a line goes back to Python (nothing of it has been written).
@@ -396,6 +407,7 @@ impl FastLane {
             sync: Vec::new(),
             sync_parsers,
             sync_days: HashMap::new(),
+            sync_layouts: HashMap::new(),
         })
     }
 
@@ -430,12 +442,7 @@ impl FastLane {
             ident: ident.to_vec(),
             last_ts,
             head_note: None,
-            last_layout: match last_layout.as_deref() {
-                None => LAYOUT_NONE,
-                Some("iso") => LAYOUT_ISO,
-                Some("deepspeed") => LAYOUT_DEEPSPEED,
-                Some(_) => LAYOUT_OTHER,
-            },
+            last_layout: layout_code(last_layout.as_deref()),
             rank_guessed,
             deepspeed_state,
             megatron_state,
@@ -596,6 +603,11 @@ impl FastLane {
             }
             start = end + 1;
         }
+    }
+
+    /// Alignment pass: after Python read a line of the label, the layout its head parser now tries first.
+    fn sync_layout(&mut self, label: Option<u32>, layout: Option<&str>) {
+        self.sync_layouts.insert(label, layout_code(layout));
     }
 
     /// What was written since the last call: `(outputs, counts, sync points)`.
@@ -1410,7 +1422,36 @@ impl FastLane {
             }
             let (it, _, _) = megatron_iter(body).ok_or(GiveBack)?;
             self.sync_days.insert(label, ("bracket-iso", day));
+            self.sync_layouts.insert(label, LAYOUT_OTHER);
             return Ok(Some((label, it, ts)));
+        }
+        if ids.first().is_some_and(|&i| Some(i) == self.deepspeed) && text.first() == Some(&b'[') {
+            // DeepSpeedParser.sync_step, then (a timer line) the generic one, on a "deepspeed" head
+            if !ids.iter().all(|&i| Some(i) == self.deepspeed || Some(i) == self.generic)
+                || self.sync_layouts.get(&label).copied().unwrap_or(LAYOUT_NONE) == LAYOUT_OTHER
+            {
+                return Err(GiveBack);
+            }
+            let h = ds_head(text).ok_or(GiveBack)?;
+            let (day, sod) = day_and_second(h.date, h.tod).ok_or(GiveBack)?;
+            let frac = if h.frac.is_empty() { 0 } else { num(h.frac) * FRAC_SCALE[h.frac.len()] };
+            let ts = (day * 86400 + sod - self.tz_offset_s) * 1_000_000_000 + frac;
+            let body = &text[h.body_at..];
+            if !body.iter().all(|&c| (0x20..0x7f).contains(&c)) {
+                return Err(GiveBack);
+            }
+            let body = std::str::from_utf8(body).map_err(|_| GiveBack)?;
+            let step = match self.ds_progress_rx.captures(body) {
+                Some(c) => Some(c[1].parse::<i64>().map_err(|_| GiveBack)?),
+                None if ids.len() > 1 => match find_step(body)? {
+                    Some((st, after)) => next_pair(body, after)?.map(|_| st),
+                    None => None,
+                },
+                None => None,
+            };
+            self.sync_days.insert(label, ("deepspeed", day));
+            self.sync_layouts.insert(label, LAYOUT_DEEPSPEED);
+            return Ok(step.map(|st| (label, st, ts)));
         }
         if ids != [self.generic.ok_or(GiveBack)?] {
             return Err(GiveBack);
@@ -1423,6 +1464,7 @@ impl FastLane {
         }
         let text = std::str::from_utf8(body).map_err(|_| GiveBack)?;
         self.sync_days.insert(label, ("iso", day));
+        self.sync_layouts.insert(label, LAYOUT_ISO);
         let Some((step, after)) = find_step(text)? else { return Ok(None) };
         Ok(next_pair(text, after)?.map(|_| (label, step, ts)))
     }
