@@ -201,6 +201,14 @@ const LAYOUT_ISO: u8 = 1;
 const LAYOUT_DEEPSPEED: u8 = 2;
 const LAYOUT_OTHER: u8 = 3;
 
+/// `end` (at most the block's length) after checking `start <= pos <= end`.
+fn check_region(block: &[u8], start: usize, pos: usize, end: usize) -> PyResult<usize> {
+    if !(start <= pos && pos <= end && end <= block.len()) {
+        return Err(PyValueError::new_err(format!("bad region {start}..{end} (at {pos}) of {} bytes", block.len())));
+    }
+    Ok(end)
+}
+
 fn layout_code(name: Option<&str>) -> u8 {
     match name {
         None => LAYOUT_NONE,
@@ -519,65 +527,77 @@ impl FastLane {
         Ok(Some(PyTuple::new(py, [s.last_ts.into_pyobject(py)?.into_any(), day.into_pyobject(py)?.into_any(), pend.into_any()])?))
     }
 
-    /// Read lines of `block` from byte `pos` until one that Python must read, or the end.
+    /// Read the lines of `block[start:end]` from byte `pos` until one that Python must read, or the end.
     ///
-    /// `block` is lines joined by `\n` (an empty block is one empty line). Returns `None`
-    /// at the end, else `(start, end, label, ids)` of the line to give back: its `srun`
-    /// label (`None` without one) and the indices of the parsers its triggers name.
-    fn run(&mut self, py: Python<'_>, block: &[u8], pos: usize) -> Option<(usize, usize, Option<u32>, Ids)> {
-        let n = block.len();
-        if pos == 0 {
-            self.find_hit_lines(block);
+    /// The region is lines joined by `\n` (an empty one is one empty line); `pos == start`
+    /// begins it. Returns `None` at the end, else `(start, end, label, ids)` of the line to
+    /// give back: its `srun` label (`None` without one) and the indices of the parsers its
+    /// triggers name.
+    #[pyo3(signature = (block, start, pos, end))]
+    fn run(
+        &mut self,
+        py: Python<'_>,
+        block: &[u8],
+        start: usize,
+        pos: usize,
+        end: usize,
+    ) -> PyResult<Option<(usize, usize, Option<u32>, Ids)>> {
+        let n = check_region(block, start, pos, end)?;
+        if pos == start {
+            self.find_hit_lines(block, start, n);
         }
-        let mut start = pos;
+        let mut at = pos;
         loop {
-            let end = memchr::memchr(b'\n', &block[start..]).map_or(n, |k| start + k);
-            let raw = &block[start..end];
+            let eol = memchr::memchr(b'\n', &block[at..n]).map_or(n, |k| at + k);
+            let raw = &block[at..eol];
             let mut ids = Vec::new();
-            while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < start {
+            while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < at {
                 self.hit_at += 1;
             }
-            let hit = self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == start;
+            let hit = self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == at;
             match self.line(py, raw, hit, &mut ids) {
                 Ok(true) => {}
-                Ok(false) | Err(GiveBack) => return Some((start, end, self.label_of(raw), ids)),
+                Ok(false) | Err(GiveBack) => return Ok(Some((at, eol, self.label_of(raw), ids))),
             }
             self.counts.lines += 1;
             if !std::mem::take(&mut self.skipped_line) {
                 self.counts.parsed += 1; // a line a parser skips is counted with its reason instead
             }
-            if end >= n {
-                return None;
+            if eol >= n {
+                return Ok(None);
             }
-            start = end + 1;
+            at = eol + 1;
         }
     }
 
-    /// The clock-alignment pass (`Ingestor._sync_block`): the moments of `block` from byte `pos`, until a
-    /// line that Python must read.
+    /// The clock-alignment pass (`Ingestor._sync_block`): the moments of `block[start:end]` from byte `pos`,
+    /// until a line that Python must read.
     ///
     /// Returns `(points, stop)`: points `(label, step, ts)` in line order, and `None` at the end or the line
     /// to give back as `(start, end, label, sync parser ids, head)`, where `head` is `(layout, epoch day)` of
     /// the last head of that label read here since the previous such line (to note in Python's head parser).
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (block, start, pos, end))]
     fn sync_run(
         &mut self,
         block: &[u8],
+        start: usize,
         pos: usize,
-    ) -> (Vec<(Option<u32>, i64, i64)>, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>) {
-        let n = block.len();
-        if pos == 0 {
-            self.find_hit_lines(block);
+        end: usize,
+    ) -> PyResult<(Vec<(Option<u32>, i64, i64)>, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>)> {
+        let n = check_region(block, start, pos, end)?;
+        if pos == start {
+            self.find_hit_lines(block, start, n);
         }
         let mut points = Vec::new();
-        let mut start = pos;
+        let mut at = pos;
         loop {
-            let end = memchr::memchr(b'\n', &block[start..]).map_or(n, |k| start + k);
-            while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < start {
+            let eol = memchr::memchr(b'\n', &block[at..n]).map_or(n, |k| at + k);
+            while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < at {
                 self.hit_at += 1;
             }
-            if self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == start {
-                let raw = &block[start..end];
+            if self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == at {
+                let raw = &block[at..eol];
                 let mut ids: Ids = Vec::new();
                 for k in self.triggers.matches(raw).iter() {
                     let p = self.trigger_parser[k];
@@ -593,15 +613,15 @@ impl FastLane {
                         Err(GiveBack) => {
                             let label = self.label_of(raw);
                             let day = self.sync_days.remove(&label);
-                            return (points, Some((start, end, label, ids, day)));
+                            return Ok((points, Some((at, eol, label, ids, day))));
                         }
                     }
                 }
             }
-            if end >= n {
-                return (points, None);
+            if eol >= n {
+                return Ok((points, None));
             }
-            start = end + 1;
+            at = eol + 1;
         }
     }
 
@@ -656,15 +676,16 @@ impl FastLane {
 }
 
 impl FastLane {
-    /// The lines of `block` in which a trigger matches (a few in a hundred, in a real log).
-    fn find_hit_lines(&mut self, block: &[u8]) {
+    /// The lines of `block[start:end]` in which a trigger matches (a few in a hundred, in a real log).
+    fn find_hit_lines(&mut self, block: &[u8], start: usize, end: usize) {
         self.hit_lines.clear();
         self.hit_at = 0;
         let mut last_line = usize::MAX;
-        for m in self.any_trigger.find_iter(block) {
+        let region = &block[start..end];
+        for m in self.any_trigger.find_iter(region) {
             // the line holding the match's last byte (a match never ends on a newline it did not cross)
             let at = m.end().saturating_sub(1).max(m.start());
-            let line = memchr::memrchr(b'\n', &block[..at]).map_or(0, |k| k + 1);
+            let line = start + memchr::memrchr(b'\n', &region[..at]).map_or(0, |k| k + 1);
             if line != last_line {
                 self.hit_lines.push(line);
                 last_line = line;
