@@ -14,7 +14,7 @@ shared moments a node is left as it is and reported as such.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Mapping
+from typing import Any, Final, Mapping
 
 __all__ = ["ClockOffset", "SyncMoments", "estimate_offsets"]
 
@@ -33,7 +33,7 @@ class SyncMoments:
     """
 
     def __init__(self, cap: int = MAX_MOMENTS) -> None:
-        self.points: dict[str, dict[object, list[int]]] = {}
+        self.points: dict[str, dict[int, list[int]]] = {}  # domain -> step -> its timestamps
         self._strides: dict[str, int] = {}
         self._cap = cap
 
@@ -43,19 +43,21 @@ class SyncMoments:
         stride = self._strides.get(domain, 1)
         if step % stride:
             return
-        keys = self.points.setdefault(domain, {})
-        key = ("step", step)
-        ts_list = keys.get(key)
-        if ts_list is None:
-            if len(keys) >= self._cap:
-                stride *= 2
-                self._strides[domain] = stride
-                for k in [k for k in keys if k[1] % stride]:  # type: ignore[index]
-                    del keys[k]
-                if step % stride:
-                    return
-            ts_list = keys[key] = []
-        ts_list.append(ts)
+        keys = self.points.get(domain)
+        if keys is None:
+            keys = self.points[domain] = {}
+        ts_list = keys.get(step)
+        if ts_list is not None:
+            ts_list.append(ts)
+            return
+        if len(keys) >= self._cap:
+            stride *= 2
+            self._strides[domain] = stride
+            for k in [k for k in keys if k % stride]:
+                del keys[k]
+            if step % stride:
+                return
+        keys[step] = [ts]
 
     def __bool__(self) -> bool:
         return bool(self.points)
@@ -81,6 +83,8 @@ class ClockOffset:
 
 
 def _median(xs: list[float]) -> float:
+    if len(xs) == 1:  # the common case: one rank per clock domain and moment
+        return xs[0]
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
@@ -96,18 +100,18 @@ def _trimmed_mean(xs: list[float]) -> float:
     return sum(core) / len(core)
 
 
-def estimate_offsets(points: Mapping[str, Mapping[object, list[int]]], *, reference: str | None = None,
+def estimate_offsets(points: Mapping[str, Mapping[Any, list[int]]], *, reference: str | None = None,
                      min_points: int = MIN_POINTS) -> dict[str, ClockOffset]:
     """Offsets of every clock domain (node) against a reference, from shared moments.
 
     ``points[domain][key]`` lists the timestamps (ns) that ranks of ``domain`` logged for
-    the shared moment ``key`` (e.g. ``("step", 12)``); ranks of one node share its clock, so
+    the shared moment ``key`` (a step number); ranks of one node share its clock, so
     their median stands for the node. The reference is the domain with the most moments
     (ties: the first name) unless given.
     """
     per_domain: dict[str, dict[object, float]] = {}
     for domain, keys in points.items():
-        d = {k: _median([float(t) for t in ts]) for k, ts in keys.items() if ts}
+        d = {k: float(ts[0]) if len(ts) == 1 else _median([float(t) for t in ts]) for k, ts in keys.items() if ts}
         if d:
             per_domain[domain] = d
     if not per_domain:
