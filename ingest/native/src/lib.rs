@@ -5,21 +5,24 @@
 //! Python spends ~10 µs on each of them however it is written (measured: an ingest whose
 //! event writer cost nothing ran at the same rate). This module takes those kinds and
 //! writes their events byte for byte as the Python engine would, and gives every other
-//! line back to Python, one at a time, in order:
+//! line back to Python, one at a time, in order, with its stream's state:
 //!
 //! * a Python `logging` line in the strict form of `ingest/_plain.py` with no parser
 //!   trigger in it: one log event;
 //! * such a line that only the generic step parser triggers on (`step 12 loss … time …
 //!   (forward …ms …)`): its log, metric and span events;
-//! * a line with no timestamp and no parser trigger (a `print`), or one that only the
-//!   NCCL parser triggers on (`host:pid:tid [dev] NCCL INFO …`): a log event that waits
-//!   for the stream's next timestamp, as the Python engine's pending lines do.
+//! * DeepSpeed's progress and timer lines (`[date] [INFO] [logging.py:…] [Rank 0] step=…`,
+//!   `… time (ms) | fwd: …`), Megatron-LM's iteration lines (` [date] iteration N/ T | …`);
+//! * lines with no timestamp that wait for the stream's next one, as the Python engine's
+//!   pending lines do: a `print` (no trigger), an NCCL INFO/WARN line, a tqdm refresh;
+//! * in the clock-alignment pass, the moments of generic step, DeepSpeed and Megatron lines.
 //!
 //! A line is given back when anything about it is unusual (another layout, a new stream,
-//! a stream whose multi-line block or pending lines Python holds, bytes that are not
-//! clean UTF-8, a number whose JSON text could differ, a message to truncate…), so the
-//! output never depends on which engine read a line: `tests/ingest/test_native.py`
-//! compares the two engines' output byte for byte.
+//! a stream whose multi-line block or pending lines Python holds, text outside printable
+//! ASCII where Python's and Rust's character classes differ, a number whose JSON text
+//! could differ, a message to truncate…), so the output never depends on which engine
+//! read a line: `tests/ingest/test_native.py` and every other ingest test compare the two
+//! engines' output byte for byte.
 
 use std::collections::HashMap;
 
