@@ -376,7 +376,11 @@ class Ingestor:
             truncated = src.discard
             src.discard = False
             self._block(src, tail, last=True, truncated=truncated)
-        if src.lane is not None:  # what the lane still holds (lines waiting for a time) goes back to the streams
+        if src.lane is not None:  # lines still waiting for a time: written by the lane where it can, else Python's
+            outs = [id(st.out) for st in src.streams.values() if st.out is not None]
+            if len(outs) == len(set(outs)):  # (streams sharing an output release in Python's order)
+                src.lane.release_all()
+                self._lane_drain(src)
             for label in list(src.lane_streams):
                 self._lane_export(src, label)
             src.lane, src.lane_streams = None, {}

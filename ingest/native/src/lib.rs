@@ -628,6 +628,21 @@ impl FastLane {
         }
     }
 
+    /// At the end of the file: write the lines still waiting for a time at the stream's last time (or the
+    /// file's), as `_release_pending(final=True)` does; streams without an output keep theirs (Python's).
+    fn release_all(&mut self) {
+        for si in 0..self.streams.len() {
+            let s = &self.streams[si];
+            if s.pending.is_empty() || s.out.is_none() {
+                continue;
+            }
+            if let Some(lo) = s.last_ts.or(s.mtime_ns) {
+                self.write_released(si, lo, lo);
+                self.streams[si].last_ts = Some(lo);
+            }
+        }
+    }
+
     /// Alignment pass: after Python read a line of the label, the layout its head parser now tries first.
     fn sync_layout(&mut self, label: Option<u32>, layout: Option<&str>) {
         self.sync_layouts.insert(label, layout_code(layout));
