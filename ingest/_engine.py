@@ -136,11 +136,12 @@ class IngestSummary:
 class _Out:
     """One output stream: a (node, rank) and its sink, with pre-encoded identity."""
 
-    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident", "index")
+    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident", "index", "chunked")
 
     def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink,
                  index: int = 0) -> None:
         self.node, self.rank, self.sink, self.index = node, rank, sink, index
+        self.chunked = bool(getattr(sink, "takes_chunks", False))  # buf items may hold several lines
         self.buf: list[bytes] = []
         self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
                       "node": node, "pid": 0, "v": SCHEMA_VERSION}
@@ -377,8 +378,12 @@ class Ingestor:
             src.discard = False
             self._block(src, tail, last=True, truncated=truncated)
         if src.lane is not None:  # lines still waiting for a time: written by the lane where it can, else Python's
+            # Only while no other stream writes at the end (its pending lines, its open block): where two
+            # streams share an output, their last lines go out in the order Python releases them.
+            held = {id(st) for st in src.lane_streams.values()}
             outs = [id(st.out) for st in src.streams.values() if st.out is not None]
-            if len(outs) == len(set(outs)):  # (streams sharing an output release in Python's order)
+            if len(outs) == len(set(outs)) and not any(
+                    st.pending or st.block is not None for st in src.streams.values() if id(st) not in held):
                 src.lane.release_all()
                 self._lane_drain(src)
             for label in list(src.lane_streams):
@@ -708,6 +713,8 @@ class Ingestor:
         # (which fixes the world size written in its events), the lane takes only lines that wait for a time.
         out = stream.out
         state = stream.state
+        if out is not None and out.chunked:
+            src.lane.chunked_output(out.index)
         src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
                             stream.block is not None or bool(stream.pending), src.mtime_ns or None,
                             state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
@@ -729,8 +736,11 @@ class Ingestor:
 
     def _lane_drain(self, src: _Src) -> None:
         outs, counts, sync = src.lane.drain()
-        for index, lines in outs:
-            self._out_list[index].buf.extend(lines)
+        for index, lines in outs:  # a bytes chunk for a sink that takes chunks, else a list of lines
+            if type(lines) is bytes:
+                self._out_list[index].buf.append(lines)
+            else:
+                self._out_list[index].buf.extend(lines)
         s = self.summary
         s.lines += counts["lines"]
         s.parsed += counts["parsed"]

@@ -35,7 +35,13 @@ _log = logging.getLogger("jobtrace.export")
 
 
 class Sink(Protocol):
-    """Where encoded event lines go. Runs on the export thread only."""
+    """Where encoded event lines go. Runs on the export thread only.
+
+    Each item of ``write`` is one event line, ending in ``\n``; a sink whose class sets
+    ``takes_chunks = True`` (the embedded store, which writes items as they are) also takes
+    items that hold several whole lines, which spares the ingest's compiled lane a bytes
+    object per event.
+    """
 
     def write(self, lines: Sequence[bytes]) -> None: ...
 

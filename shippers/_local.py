@@ -55,6 +55,8 @@ class LocalStoreSink:
         except OSError as exc:
             raise StoreError(f"cannot write the embedded store at {self.path}: {exc.strerror}") from exc
 
+    takes_chunks = True  # items may hold several lines: they are written as they are (see shippers.Sink)
+
     def write(self, lines: Sequence[bytes]) -> None:
         view = memoryview(b"".join(lines))
         while view:

@@ -142,3 +142,10 @@ step_text = st.lists(token, min_size=1, max_size=14).map(" ".join)
                                                         st.sampled_from(WAITING + STEP_EDGES))), min_size=1, max_size=25))
 def test_random_step_lines(tmp_path: Path, lines):
     assert_paths_agree([write(tmp_path, [fx.srun_label(r, 1, x) for r, x in lines])])
+
+
+def test_two_streams_of_one_rank_release_their_waiting_lines_in_python_order(tmp_path):
+    """An srun label's stream and a torchrun-prefixed stream of the same rank share an output: the lines both
+    still hold at the end of the file go out in the order the Python engine releases them (found by hypothesis)."""
+    lines = ["0: [default1]:step 2 loss 1", "0: 2026-01-05 12:00:00,250 - INFO - a - ", "0: :"]
+    assert_paths_agree([write(tmp_path, lines)])

@@ -317,6 +317,8 @@ struct FastLane {
     streams: Vec<Stream>,
     by_label: HashMap<Option<u32>, usize>,
     outs: Vec<Vec<u8>>,
+    /// Outputs whose sink takes several lines per item (one bytes object per drain).
+    chunked: Vec<bool>,
     /// The generic parser's `_role` by key, then by unit (`UNITS` index; 0: none).
     roles: HashMap<String, [Option<Role>; 9]>,
     role_fn: Py<PyAny>,
@@ -411,6 +413,7 @@ impl FastLane {
             streams: Vec::new(),
             by_label: HashMap::new(),
             outs: Vec::new(),
+            chunked: Vec::new(),
             roles: HashMap::new(),
             role_fn: role,
             next_span_id: 1,
@@ -643,6 +646,14 @@ impl FastLane {
         }
     }
 
+    /// The sink of output `out` takes items of several lines (`shippers.Sink.takes_chunks`).
+    fn chunked_output(&mut self, out: usize) {
+        if self.chunked.len() <= out {
+            self.chunked.resize(out + 1, false);
+        }
+        self.chunked[out] = true;
+    }
+
     /// Alignment pass: after Python read a line of the label, the layout its head parser now tries first.
     fn sync_layout(&mut self, label: Option<u32>, layout: Option<&str>) {
         self.sync_layouts.insert(label, layout_code(layout));
@@ -650,16 +661,20 @@ impl FastLane {
 
     /// What was written since the last call: `(outputs, counts, sync points)`.
     ///
-    /// Outputs are `(out, [event line bytes])` by output index; counts a dict of
+    /// Outputs are `(out, [event line bytes])` by output index (one `bytes` of whole lines for a chunked
+    /// output); counts a dict of
     /// the summary's numbers; sync points `(label, step, ts)` of step ends.
     #[allow(clippy::type_complexity)]
     fn drain<'py>(
         &mut self,
         py: Python<'py>,
-    ) -> PyResult<(Vec<(usize, Bound<'py, PyList>)>, Bound<'py, PyDict>, Vec<(Option<u32>, i64, i64)>)> {
+    ) -> PyResult<(Vec<(usize, Bound<'py, PyAny>)>, Bound<'py, PyDict>, Vec<(Option<u32>, i64, i64)>)> {
         let mut outs = Vec::new();
         for (i, buf) in self.outs.iter_mut().enumerate() {
-            if !buf.is_empty() {
+            if !buf.is_empty() && self.chunked.get(i).copied().unwrap_or(false) {
+                outs.push((i, PyBytes::new(py, buf).into_any()));
+                buf.clear();
+            } else if !buf.is_empty() {
                 // one bytes object per event line, as sinks take them (the buffer keeps its memory)
                 let list = PyList::empty(py);
                 let mut start = 0;
@@ -667,7 +682,7 @@ impl FastLane {
                     list.append(PyBytes::new(py, &buf[start..=end]))?;
                     start = end + 1;
                 }
-                outs.push((i, list));
+                outs.push((i, list.into_any()));
                 buf.clear();
             }
         }
