@@ -59,6 +59,24 @@ class SyncMoments:
                 return
         keys[step] = [ts]
 
+    def add_many(self, domain: str, moments: list[tuple[int, int]]) -> None:
+        """:meth:`add` for many ``(step, ts)`` of one domain, in order, without a call per moment."""
+        keys = self.points.get(domain)
+        stride = self._strides.get(domain, 1)
+        for step, ts in moments:
+            if type(step) is not int or step % stride:
+                continue
+            if keys is None:
+                keys = self.points[domain] = {}
+            ts_list = keys.get(step)
+            if ts_list is not None:
+                ts_list.append(ts)
+            elif len(keys) >= self._cap:
+                self.add(domain, step, ts)  # the stride doubles: as add() does it
+                stride = self._strides.get(domain, 1)
+            else:
+                keys[step] = [ts]
+
     def __bool__(self) -> bool:
         return bool(self.points)
 

@@ -579,8 +579,8 @@ class Ingestor:
         pos = 0
         while True:
             found, stop = src.lane.sync_run(block, 0, pos, len(block))
-            for label, step, ts in found:
-                points.add(self._sync_stream(src, streams, _label_prefix(label))[2], step, ts)
+            for label, moments in found:
+                points.add_many(self._sync_stream(src, streams, _label_prefix(label))[2], moments)
             if stop is None:
                 return
             start, end, label, ids, head = stop
@@ -757,8 +757,8 @@ class Ingestor:
         for reason, n in counts["skipped"].items():
             s.skipped[reason] = s.skipped.get(reason, 0) + n
         if sync and self._sync is not None:
-            for label, step, ts in sync:
-                self._sync.add(src.lane_streams[label].domain, step, ts)
+            for label, moments in sync:
+                self._sync.add_many(src.lane_streams[label].domain, moments)
 
     def _lines(self, src: _Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
         summary = self.summary

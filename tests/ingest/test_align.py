@@ -111,3 +111,16 @@ class TestBoundedMoments:
         for node, truth in OFFSETS_MS.items():
             assert abs(offsets[node].offset_ms - (truth - OFFSETS_MS[ref])) < 1.0
             assert offsets[node].points <= 8
+
+
+def test_add_many_keeps_what_add_keeps():
+    """The batch form the compiled lane uses: same moments, same strides, under the cap and past it."""
+    from ingest._align import SyncMoments
+
+    one, many = SyncMoments(cap=16), SyncMoments(cap=16)
+    moments = [(s, s * 1000 + r) for s in range(0, 200, 3) for r in range(2)] + [(7.5, 1), (None, 2)]  # type: ignore[list-item]
+    for step, ts in moments:
+        one.add("a", step, ts)  # type: ignore[arg-type]
+    many.add_many("a", moments[:40])
+    many.add_many("a", moments[40:])
+    assert many.points == one.points and many._strides == one._strides and len(one.points["a"]) <= 16

@@ -204,6 +204,17 @@ const LAYOUT_ISO: u8 = 1;
 const LAYOUT_DEEPSPEED: u8 = 2;
 const LAYOUT_OTHER: u8 = 3;
 
+/// Clock-alignment moments by `srun` label, each label's `(step, ts)` in line order (the order
+/// `SyncMoments.add` must see them in; between labels, which are separate clock domains, it does not matter).
+type Moments = Vec<(Option<u32>, Vec<(i64, i64)>)>;
+
+fn add_moment(m: &mut Moments, label: Option<u32>, step: i64, ts: i64) {
+    match m.iter_mut().find(|(l, _)| *l == label) {
+        Some((_, v)) => v.push((step, ts)),
+        None => m.push((label, vec![(step, ts)])),
+    }
+}
+
 /// `end` (at most the block's length) after checking `start <= pos <= end`.
 fn check_region(block: &[u8], start: usize, pos: usize, end: usize) -> PyResult<usize> {
     if !(start <= pos && pos <= end && end <= block.len()) {
@@ -579,7 +590,7 @@ impl FastLane {
     /// The clock-alignment pass (`Ingestor._sync_block`): the moments of `block[start:end]` from byte `pos`,
     /// until a line that Python must read.
     ///
-    /// Returns `(points, stop)`: points `(label, step, ts)` in line order, and `None` at the end or the line
+    /// Returns `(points, stop)`: points `(label, [(step, ts)])` (see `Moments`), and `None` at the end or the line
     /// to give back as `(start, end, label, sync parser ids, head)`, where `head` is `(layout, epoch day)` of
     /// the last head of that label read here since the previous such line (to note in Python's head parser).
     #[allow(clippy::type_complexity)]
@@ -590,7 +601,7 @@ impl FastLane {
         start: usize,
         pos: usize,
         end: usize,
-    ) -> PyResult<(Vec<(Option<u32>, i64, i64)>, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>)> {
+    ) -> PyResult<(Moments, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>)> {
         let n = check_region(block, start, pos, end)?;
         if pos == start {
             self.find_hit_lines(block, start, n);
@@ -614,7 +625,7 @@ impl FastLane {
                 ids.sort_unstable();
                 if !ids.is_empty() {
                     match self.sync_line(raw, &ids) {
-                        Ok(Some((label, step, ts))) => points.push((label, step, ts)),
+                        Ok(Some((label, step, ts))) => add_moment(&mut points, label, step, ts),
                         Ok(None) => {}
                         Err(GiveBack) => {
                             let label = self.label_of(raw);
@@ -663,12 +674,12 @@ impl FastLane {
     ///
     /// Outputs are `(out, [event line bytes])` by output index (one `bytes` of whole lines for a chunked
     /// output); counts a dict of
-    /// the summary's numbers; sync points `(label, step, ts)` of step ends.
+    /// the summary's numbers; the step ends that are clock-alignment moments (see `Moments`).
     #[allow(clippy::type_complexity)]
     fn drain<'py>(
         &mut self,
         py: Python<'py>,
-    ) -> PyResult<(Vec<(usize, Bound<'py, PyAny>)>, Bound<'py, PyDict>, Vec<(Option<u32>, i64, i64)>)> {
+    ) -> PyResult<(Vec<(usize, Bound<'py, PyAny>)>, Bound<'py, PyDict>, Moments)> {
         let mut outs = Vec::new();
         for (i, buf) in self.outs.iter_mut().enumerate() {
             if !buf.is_empty() && self.chunked.get(i).copied().unwrap_or(false) {
@@ -704,7 +715,11 @@ impl FastLane {
         }
         d.set_item("skipped", sk)?;
         d.set_item("estimated", c.estimated)?;
-        Ok((outs, d, std::mem::take(&mut self.sync)))
+        let mut moments = Moments::new();
+        for (label, step, ts) in self.sync.drain(..) {
+            add_moment(&mut moments, label, step, ts);
+        }
+        Ok((outs, d, moments))
     }
 }
 
