@@ -720,6 +720,8 @@ class Ingestor:
                             state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
                             state.state("huggingface"), stream.head.last_layout,
                             state.rank_guessed)
+        if stream.pending and stream.block is None and src.lane.adopt_pending(label, stream.pending):
+            stream.pending = []  # the lane holds them now (a log whose lines carry no time)
 
     def _lane_export(self, src: _Src, label: int | None) -> None:
         """Hand what the lane holds of a stream (last time, head day, lines waiting for a time) to it."""

@@ -149,3 +149,21 @@ def test_two_streams_of_one_rank_release_their_waiting_lines_in_python_order(tmp
     still hold at the end of the file go out in the order the Python engine releases them (found by hypothesis)."""
     lines = ["0: [default1]:step 2 loss 1", "0: 2026-01-05 12:00:00,250 - INFO - a - ", "0: :"]
     assert_paths_agree([write(tmp_path, lines)])
+
+
+def test_a_log_without_any_time_is_read_by_the_lane(tmp_path, monkeypatch):
+    """The first line of each stream (read by Python) leaves a line waiting for a time; the lane takes it over
+    with the stream, so a print-only log does not go back to Python line by line."""
+    from ingest._engine import Ingestor
+
+    given_back = []
+    real = Ingestor._lane_give_back
+
+    def spy(self, src, raw, ids, truncated, label=None):
+        given_back.append(raw)
+        return real(self, src, raw, ids, truncated, label)
+
+    monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
+    lines = [fx.srun_label(i % 4, 1, WAITING[i % 3]) for i in range(400)]
+    summary, _ = assert_paths_agree([write(tmp_path, lines)])
+    assert summary.estimated_ts == 400 and len(given_back) // 2 <= 8  # the first line of each of 4 streams

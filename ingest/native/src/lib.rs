@@ -657,6 +657,29 @@ impl FastLane {
         }
     }
 
+    /// Take over the lines a stream's Python side holds waiting for a time (`[(event dict, 0)]`, as
+    /// `_emit` keeps them) when each is of a kind the lane writes exactly as `_write` would; then the
+    /// stream is no longer busy. False (nothing taken) otherwise. This is what lets the lane read a
+    /// log whose lines carry no time at all: its first line, read by Python, leaves one waiting.
+    fn adopt_pending(&mut self, label: Option<u32>, pending: &Bound<'_, PyList>) -> PyResult<bool> {
+        let Some(&si) = self.by_label.get(&label) else { return Ok(false) };
+        if !self.streams[si].pending.is_empty() {
+            return Ok(false);
+        }
+        let mut taken = Vec::with_capacity(pending.len());
+        for item in pending.iter() {
+            let Ok((ev, _)) = item.extract::<(Bound<'_, PyDict>, i64)>() else { return Ok(false) };
+            match pending_of(&ev) {
+                Some(p) => taken.push(p),
+                None => return Ok(false),
+            }
+        }
+        let s = &mut self.streams[si];
+        s.pending = taken;
+        s.busy = false;
+        Ok(true)
+    }
+
     /// The sink of output `out` takes items of several lines (`shippers.Sink.takes_chunks`).
     fn chunked_output(&mut self, out: usize) {
         if self.chunked.len() <= out {
@@ -1766,6 +1789,63 @@ impl FastLane {
         self.counts.spans += spans;
         self.counts.generic += 1;
         Ok(true)
+    }
+}
+
+/// The keys of a dict, in order, as strings (`None` if one is not a string).
+fn keys_of(d: &Bound<'_, PyDict>) -> Option<Vec<String>> {
+    d.keys().iter().map(|k| k.extract::<String>().ok()).collect()
+}
+
+fn item<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, key: &str) -> Option<T> {
+    d.get_item(key).ok().flatten()?.extract::<T>().ok()
+}
+
+/// A pending event dict of a kind the lane writes, as `write_pending` writes it (exact keys and order).
+fn pending_of(ev: &Bound<'_, PyDict>) -> Option<Pending> {
+    let keys = keys_of(ev)?;
+    let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let exact_int = |v: &Bound<'_, PyAny>| v.is_exact_instance_of::<pyo3::types::PyInt>();
+    match k.as_slice() {
+        ["kind", "level", "msg"] => {
+            if item::<String>(ev, "kind")? != "log" || item::<String>(ev, "level")? != "INFO" {
+                return None;
+            }
+            Some(Pending::Print { msg: item::<String>(ev, "msg")? })
+        }
+        ["kind", "level", "logger", "msg", "attrs"] => {
+            if item::<String>(ev, "kind")? != "log" || item::<String>(ev, "logger")? != "nccl" {
+                return None;
+            }
+            let level = match item::<String>(ev, "level")?.as_str() {
+                "INFO" => "INFO",
+                "WARNING" => "WARNING",
+                "DEBUG" => "DEBUG",
+                _ => return None,
+            };
+            let a = ev.get_item("attrs").ok().flatten()?.cast_into::<PyDict>().ok()?;
+            let ak = keys_of(&a)?;
+            let with_src = match ak.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+                ["nccl_host", "nccl_pid", "tid", "cuda_dev"] => false,
+                ["nccl_host", "nccl_pid", "tid", "cuda_dev", "src"] => true,
+                _ => return None,
+            };
+            for key in ["nccl_pid", "tid", "cuda_dev"] {
+                if !exact_int(&a.get_item(key).ok().flatten()?) {
+                    return None;
+                }
+            }
+            Some(Pending::Nccl {
+                level,
+                msg: item::<String>(ev, "msg")?,
+                host: item::<String>(&a, "nccl_host")?,
+                pid: item::<i64>(&a, "nccl_pid")?,
+                tid: item::<i64>(&a, "tid")?,
+                dev: item::<i64>(&a, "cuda_dev")?,
+                src: if with_src { Some(item::<String>(&a, "src")?) } else { None },
+            })
+        }
+        _ => None,
     }
 }
 
