@@ -215,6 +215,13 @@ fn add_moment(m: &mut Moments, label: Option<u32>, step: i64, ts: i64) {
     }
 }
 
+/// One pattern matching wherever any of `pats` does (ASCII classes, as Hyperscan reads the triggers).
+fn any_of<'a>(pats: impl Iterator<Item = &'a String>) -> PyResult<regex::bytes::Regex> {
+    let alts: Vec<String> = pats.map(|p| format!("(?:{p})")).collect();
+    let src = if alts.is_empty() { "[^\\x00-\\xff]".to_string() } else { alts.join("|") }; // empty: matches nothing
+    regex::bytes::RegexBuilder::new(&src).unicode(false).build().map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// `end` (at most the block's length) after checking `start <= pos <= end`.
 fn check_region(block: &[u8], start: usize, pos: usize, end: usize) -> PyResult<usize> {
     if !(start <= pos && pos <= end && end <= block.len()) {
@@ -310,6 +317,7 @@ struct FastLane {
     triggers: regex::bytes::RegexSet,
     /// All triggers in one pattern: finds, in one pass over a block, the few lines any parser may want.
     any_trigger: regex::bytes::Regex,
+    sync_trigger: regex::bytes::Regex,
     /// Start offsets of the current block's lines that a trigger matched in, ascending, and a cursor.
     hit_lines: Vec<usize>,
     hit_at: usize,
@@ -386,15 +394,9 @@ impl FastLane {
             .unicode(false)
             .build()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let any_src = if pats.is_empty() {
-            "[^\\x00-\\xff]".to_string() // matches nothing
-        } else {
-            pats.iter().map(|p| format!("(?:{p})")).collect::<Vec<_>>().join("|")
-        };
-        let any = regex::bytes::RegexBuilder::new(&any_src)
-            .unicode(false)
-            .build()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let any = any_of(pats.iter())?;
+        // the alignment pass looks only for the triggers of parsers whose lines are moments
+        let sync_any = any_of(pats.iter().zip(&owner).filter(|(_, p)| sync_parsers.contains(p)).map(|(t, _)| t))?;
         let find = |n: &str| names.iter().position(|x| x == n);
         Ok(FastLane {
             srun,
@@ -403,6 +405,7 @@ impl FastLane {
             pending_cap,
             triggers: set,
             any_trigger: any,
+            sync_trigger: sync_any,
             hit_lines: Vec::new(),
             hit_at: 0,
             trigger_parser: owner,
@@ -561,7 +564,7 @@ impl FastLane {
     ) -> PyResult<Option<(usize, usize, Option<u32>, Ids)>> {
         let n = check_region(block, start, pos, end)?;
         if pos == start {
-            self.find_hit_lines(block, start, n);
+            self.find_hit_lines(block, start, n, false);
         }
         let mut at = pos;
         loop {
@@ -604,7 +607,7 @@ impl FastLane {
     ) -> PyResult<(Moments, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>)> {
         let n = check_region(block, start, pos, end)?;
         if pos == start {
-            self.find_hit_lines(block, start, n);
+            self.find_hit_lines(block, start, n, true);
         }
         let mut points = Vec::new();
         let mut at = pos;
@@ -748,12 +751,13 @@ impl FastLane {
 
 impl FastLane {
     /// The lines of `block[start:end]` in which a trigger matches (a few in a hundred, in a real log).
-    fn find_hit_lines(&mut self, block: &[u8], start: usize, end: usize) {
+    fn find_hit_lines(&mut self, block: &[u8], start: usize, end: usize, sync: bool) {
         self.hit_lines.clear();
         self.hit_at = 0;
         let mut last_line = usize::MAX;
         let region = &block[start..end];
-        for m in self.any_trigger.find_iter(region) {
+        let rx = if sync { &self.sync_trigger } else { &self.any_trigger };
+        for m in rx.find_iter(region) {
             // the line holding the match's last byte (a match never ends on a newline it did not cross)
             let at = m.end().saturating_sub(1).max(m.start());
             let line = start + memchr::memrchr(b'\n', &region[..at]).map_or(0, |k| k + 1);
