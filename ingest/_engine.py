@@ -89,7 +89,7 @@ class IngestConfig:
     node: str | None = None
     rank: int | None = None
     world_size: int | None = None
-    chunk_bytes: int = 4 << 20
+    chunk_bytes: int = 1 << 20  # read size; measured: 1 MiB beats 4 MiB (each fresh megabyte costs its pages)
     max_line_bytes: int = 1 << 20
     max_msg_chars: int = 64 * 1024
     pending_cap: int = 10_000
@@ -467,7 +467,7 @@ class Ingestor:
         self._block(src, block, last=False)
 
     def _lane_feed(self, src: _Src, data: bytes) -> bool:
-        """:meth:`_feed` for the fast lane without copying the chunk (a 4 MB copy costs its pages anew each
+        """:meth:`_feed` for the fast lane without copying the chunk (a copy of megabytes costs its pages anew each
         time); False where the general rules apply (carriage returns, over-long lines)."""
         maxb = self.cfg.max_line_bytes
         cut = data.rfind(b"\n")
