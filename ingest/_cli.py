@@ -25,7 +25,8 @@ __all__ = ["format_summary", "ingest_command", "print_summary"]
 
 def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrace-data") -> str:
     """The closing summary as plain text: lines, events by type, skips by reason, clocks, streams."""
-    rate = f" ({s.lines / s.seconds:,.0f} lines/s)" if s.seconds > 0 else ""
+    engine = ", compiled lane" if s.fast_lane else ""
+    rate = f" ({s.lines / s.seconds:,.0f} lines/s{engine})" if s.seconds > 0 else ""
     out = [f"ingested job {s.job}: {len(s.files)} file(s), {s.bytes_read:,} bytes, {s.lines:,} lines in "
            f"{s.seconds:.2f}s{rate}"]
     out.append(f"  lines parsed: {s.parsed:,}   skipped: {s.skipped_total:,}")
