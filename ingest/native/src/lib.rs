@@ -768,6 +768,17 @@ impl FastLane {
         }
     }
 
+    /// The `srun` label of a clean UTF-8 line without NUL bytes (`None` without one) and the text after it.
+    fn split_label<'a>(&self, raw: &'a [u8]) -> Result<(Option<u32>, &'a [u8]), GiveBack> {
+        if raw.contains(&0) || std::str::from_utf8(raw).is_err() {
+            return Err(GiveBack);
+        }
+        Ok(match srun_label(raw).filter(|_| self.srun) {
+            Some((r, at)) => (Some(r), &raw[at..]),
+            None => (None, raw),
+        })
+    }
+
     fn label_of(&self, raw: &[u8]) -> Option<u32> {
         // the srun label a line starts with, whatever else it holds
         if !self.srun {
@@ -795,17 +806,7 @@ impl FastLane {
             }
             ids.sort_unstable();
         }
-        if raw.contains(&0) || std::str::from_utf8(raw).is_err() {
-            return Err(GiveBack);
-        }
-        let (label, text) = if self.srun {
-            match srun_label(raw) {
-                Some((r, at)) => (Some(r), &raw[at..]),
-                None => (None, raw),
-            }
-        } else {
-            (None, raw)
-        };
+        let (label, text) = self.split_label(raw)?;
         let Some(&si) = self.by_label.get(&label) else { return Err(GiveBack) };
         if self.streams[si].busy || text.is_empty() {
             return Err(GiveBack);
@@ -1055,6 +1056,28 @@ impl FastLane {
         }
     }
 
+    /// Before a dated line's events: the stream's waiting lines first (they get times up to `ts`), then its
+    /// time and head state. Returns its output, clock offset and `{identity,` prefix, which the caller puts
+    /// back (`self.streams[si].open = open`) once written.
+    fn begin_write(&mut self, si: usize, ts: i64, note: (&'static str, i64), layout: u8) -> (usize, i64, Vec<u8>) {
+        self.release(si, ts);
+        let s = &mut self.streams[si];
+        s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
+        s.head_note = Some(note);
+        s.last_layout = layout;
+        (s.out.expect("checked by the caller"), s.offset, std::mem::take(&mut s.open))
+    }
+
+    /// `_parse` tries the triggered parsers in registry order: the lane reads a line only when `parser` comes
+    /// first and nothing but the generic step parser follows (it is then never reached).
+    fn first_then_generic(&self, parser: Option<usize>, ids: &[usize]) -> Result<(), GiveBack> {
+        let p = parser.ok_or(GiveBack)?;
+        if ids.first() != Some(&p) || !ids.iter().all(|&i| i == p || Some(i) == self.generic) {
+            return Err(GiveBack);
+        }
+        Ok(())
+    }
+
     /// A Megatron-LM iteration line (`training_log`: ` [date time] iteration N/ T | key: value | …`), as the
     /// "bracket-iso" head layout and `MegatronParser._iteration` read it.
     fn megatron_line(
@@ -1065,11 +1088,7 @@ impl FastLane {
         text: &[u8],
         ids: &[usize],
     ) -> Result<bool, GiveBack> {
-        let mg = self.megatron.ok_or(GiveBack)?;
-        // `_parse` tries the triggered parsers in registry order: Megatron first (the generic one may follow).
-        if ids.first() != Some(&mg) || !ids.iter().all(|&i| i == mg || Some(i) == self.generic) {
-            return Err(GiveBack);
-        }
+        self.first_then_generic(self.megatron, ids)?;
         if self.streams[si].out.is_none() {
             return Err(GiveBack);
         }
@@ -1164,13 +1183,7 @@ impl FastLane {
                 st.set_item("step_span", id).map_err(|_| GiveBack)?;
             }
         }
-        self.release(si, ts);
-        let s = &mut self.streams[si];
-        s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
-        s.head_note = Some(("bracket-iso", day));
-        s.last_layout = LAYOUT_OTHER;
-        let (offset, out) = (s.offset, s.out.expect("checked above"));
-        let open = std::mem::take(&mut s.open);
+        let (out, offset, open) = self.begin_write(si, ts, ("bracket-iso", day), LAYOUT_OTHER);
         let buf = self.out_buf(out);
         let t = ts + offset;
         buf.extend_from_slice(&open);
@@ -1179,27 +1192,9 @@ impl FastLane {
         buf.extend_from_slice(b",\"ts\":");
         push_int(buf, t);
         buf.extend_from_slice(b"}\n");
-        buf.extend_from_slice(&open);
-        buf.extend_from_slice(b"\"kind\":\"metric\",\"step\":");
-        push_int(buf, it);
-        buf.extend_from_slice(b",\"metrics\":");
-        write_metrics(buf, &m);
-        buf.extend_from_slice(b",\"ts\":");
-        push_int(buf, t);
-        buf.extend_from_slice(b"}\n");
+        write_step_metric(buf, &open, it, &m, t);
         if let (Some(dur), Some(id)) = (dur, &id) {
-            buf.extend_from_slice(&open);
-            buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
-            push_int(buf, it);
-            buf.extend_from_slice(b",\"dur\":");
-            push_int(buf, dur);
-            buf.extend_from_slice(b",\"span_id\":\"");
-            buf.extend_from_slice(id.as_bytes());
-            buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"megatron\"},\"start\":");
-            push_int(buf, ts - dur + offset);
-            buf.extend_from_slice(b",\"ts\":");
-            push_int(buf, t);
-            buf.extend_from_slice(b"}\n");
+            write_step_span(buf, &open, it, dur, id, "megatron", t);
             self.sync.push((label, it, t));
             self.counts.spans += 1;
         }
@@ -1220,11 +1215,7 @@ impl FastLane {
         text: &[u8],
         ids: &[usize],
     ) -> Result<bool, GiveBack> {
-        let ds = self.deepspeed.ok_or(GiveBack)?;
-        // `_parse` tries the triggered parsers in registry order: DeepSpeed first, and only the generic one after it.
-        if ids.first() != Some(&ds) || !ids.iter().all(|&i| i == ds || Some(i) == self.generic) {
-            return Err(GiveBack);
-        }
+        self.first_then_generic(self.deepspeed, ids)?;
         {
             let st = &self.streams[si];
             // Python's head parser tries its last layout first: only these read a DeepSpeed head as "deepspeed" does.
@@ -1260,13 +1251,7 @@ impl FastLane {
             return Err(GiveBack); // throughput, overflow, loss scale, launcher lines: Python's
         };
         // Written: the line itself, then the parser's events.
-        self.release(si, ts);
-        let s = &mut self.streams[si];
-        s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
-        s.head_note = Some(("deepspeed", day));
-        s.last_layout = LAYOUT_DEEPSPEED;
-        let (offset, out) = (s.offset, s.out.expect("checked above"));
-        let open = std::mem::take(&mut s.open);
+        let (out, offset, open) = self.begin_write(si, ts, ("deepspeed", day), LAYOUT_DEEPSPEED);
         let buf = self.out_buf(out);
         let t = ts + offset;
         buf.extend_from_slice(&open);
@@ -1498,17 +1483,7 @@ impl FastLane {
     /// A moment of the alignment pass: a strict-head line whose only sync parser is the generic one,
     /// read as `GenericStepParser.sync_step` reads it; `Ok(None)`: not a moment.
     fn sync_line(&mut self, raw: &[u8], ids: &[usize]) -> Result<Option<(Option<u32>, i64, i64)>, GiveBack> {
-        if raw.contains(&0) || std::str::from_utf8(raw).is_err() {
-            return Err(GiveBack);
-        }
-        let (label, text) = if self.srun {
-            match srun_label(raw) {
-                Some((r, at)) => (Some(r), &raw[at..]),
-                None => (None, raw),
-            }
-        } else {
-            (None, raw)
-        };
+        let (label, text) = self.split_label(raw)?;
         if ids.first().is_some_and(|&i| Some(i) == self.megatron) && text.starts_with(b" [") {
             // MegatronParser.sync_step on a bracket-iso head: the first sync parser, so its answer stands
             let (ts, day, at) = megatron_head(text, self.tz_offset_s).ok_or(GiveBack)?;
@@ -1708,48 +1683,17 @@ impl FastLane {
                 }
             }
         }
-        self.release(si, ts);
-        let s = &mut self.streams[si];
-        s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
-        s.head_note = Some(("iso", day));
-            s.last_layout = LAYOUT_ISO;
-        let (offset, out) = (s.offset, s.out.expect("checked in line()"));
-        let open = std::mem::take(&mut s.open);
+        let (out, offset, open) = self.begin_write(si, ts, ("iso", day), LAYOUT_ISO);
         let buf = self.out_buf(out);
         let t = ts + offset;
         write_log_dict(buf, &open, t, h.level, h.logger, body); // the line itself, as `_parse` adds it
         let mut spans = 0u64;
         if !metrics.is_empty() {
-            buf.extend_from_slice(&open);
-            buf.extend_from_slice(b"\"kind\":\"metric\",\"step\":");
-            push_int(buf, step);
-            buf.extend_from_slice(b",\"metrics\":{");
-            for (i, (k, v)) in metrics.iter().enumerate() {
-                if i > 0 {
-                    buf.push(b',');
-                }
-                json_str(buf, k.as_bytes());
-                buf.push(b':');
-                buf.extend_from_slice(v.as_bytes());
-            }
-            buf.extend_from_slice(b"},\"ts\":");
-            push_int(buf, t);
-            buf.extend_from_slice(b"}\n");
+            write_step_metric(buf, &open, step, &metrics, t);
         }
         if step_ns > 0 {
             let parent = &ids[0];
-            buf.extend_from_slice(&open);
-            buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
-            push_int(buf, step);
-            buf.extend_from_slice(b",\"dur\":");
-            push_int(buf, step_ns);
-            buf.extend_from_slice(b",\"span_id\":\"");
-            buf.extend_from_slice(parent.as_bytes());
-            buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"log\"},\"start\":");
-            push_int(buf, ts - step_ns + offset);
-            buf.extend_from_slice(b",\"ts\":");
-            push_int(buf, t);
-            buf.extend_from_slice(b"}\n");
+            write_step_span(buf, &open, step, step_ns, parent, "log", t);
             spans += 1;
             let total: i64 = phases.iter().filter(|p| p.2 > 0).map(|p| p.2).sum();
             let mut rel = -total;
@@ -1868,6 +1812,37 @@ enum DsEvent {
         parent: Option<String>,
         collective: bool,
     },
+}
+
+/// `{"kind":"metric","step":…,"metrics":{…},"ts":…}`: a parser's metric event without a time of its own.
+fn write_step_metric(buf: &mut Vec<u8>, open: &[u8], step: i64, m: &[(String, String)], ts: i64) {
+    buf.extend_from_slice(open);
+    buf.extend_from_slice(b"\"kind\":\"metric\",\"step\":");
+    push_int(buf, step);
+    buf.extend_from_slice(b",\"metrics\":");
+    write_metrics(buf, m);
+    buf.extend_from_slice(b",\"ts\":");
+    push_int(buf, ts);
+    buf.extend_from_slice(b"}\n");
+}
+
+/// A step span ending at the line's time `ts` (offset applied), as `_write` completes `step_span(…)` without
+/// `ts`/`start`: `{"kind":"span","cat":"step","name":"step","step","dur","span_id","attrs":{"source"},"start","ts"}`.
+fn write_step_span(buf: &mut Vec<u8>, open: &[u8], step: i64, dur: i64, id: &str, source: &str, ts: i64) {
+    buf.extend_from_slice(open);
+    buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
+    push_int(buf, step);
+    buf.extend_from_slice(b",\"dur\":");
+    push_int(buf, dur);
+    buf.extend_from_slice(b",\"span_id\":\"");
+    buf.extend_from_slice(id.as_bytes());
+    buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"");
+    buf.extend_from_slice(source.as_bytes());
+    buf.extend_from_slice(b"\"},\"start\":");
+    push_int(buf, ts - dur);
+    buf.extend_from_slice(b",\"ts\":");
+    push_int(buf, ts);
+    buf.extend_from_slice(b"}\n");
 }
 
 fn write_metrics(buf: &mut Vec<u8>, m: &[(String, String)]) {
