@@ -235,11 +235,12 @@ class Ingestor:
         self._offsets: dict[str, ClockOffset] = {}
         self._sync: SyncMoments | None = None
         self.summary = IngestSummary(job=config.job, matcher=matcher_engine(config.use_hyperscan))
-        if config.native and lane_module() is None:
+        built = lane_module() is not None
+        if config.native and not built:
             from jobtrace.errors import ConfigError
 
             raise ConfigError("the compiled ingest lane is not installed: pip install ./ingest/native")
-        self._use_lane = config.native is not False and lane_module() is not None
+        self._use_lane = config.native is not False and built
         self._n_log = 0
         self._events: dict[str, int] = {}
         self._bytes_total = 0

@@ -930,14 +930,9 @@ impl FastLane {
             dev: c.dev,
             src: c.src.map(|(f, l)| format!("{f}:{l}")),
         };
+        let taken = self.push_pending(si, p)?;
         self.counts.nccl += 1;
-        match self.push_pending(si, p) {
-            Ok(v) => Ok(v),
-            Err(g) => {
-                self.counts.nccl -= 1;
-                Err(g)
-            }
-        }
+        Ok(taken)
     }
 
     /// A tqdm refresh without a description (`  12%|█▏   | 120/1000 [00:30<03:40,  4.00it/s]`), as
