@@ -532,6 +532,7 @@ class Ingestor:
                 continue
             streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]] = {}
             carry = b""
+            maxb = self.cfg.max_line_bytes
             try:
                 while True:
                     data = fh.read(self.cfg.chunk_bytes)
@@ -539,13 +540,19 @@ class Ingestor:
                         break
                     if b"\r" in data:
                         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                    data = carry + data if carry else data
                     cut = data.rfind(b"\n")
                     if cut < 0:
-                        carry = data[-self.cfg.max_line_bytes:]
+                        carry = (carry + data)[-maxb:]
                         continue
-                    block, carry = data[:cut], data[cut + 1:][-self.cfg.max_line_bytes:]
-                    self._sync_block(src, block, streams, points)
+                    # the chunk is read where it lies (a copy of megabytes costs its pages anew each time):
+                    # the line begun in the last chunk on its own, then the chunk's whole lines
+                    begin = 0
+                    if carry:
+                        begin = data.find(b"\n") + 1
+                        self._sync_block(src, carry + data[:begin - 1], streams, points)
+                    if cut >= begin:
+                        self._sync_block(src, data, streams, points, begin, cut)
+                    carry = data[cut + 1:][-maxb:]
                 if carry:
                     self._sync_block(src, carry, streams, points)
             except (OSError, EOFError, ValueError):
@@ -557,14 +564,18 @@ class Ingestor:
         self._sync = SyncMoments()
 
     def _sync_block(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
-                    points: SyncMoments) -> None:
+                    points: SyncMoments, begin: int = 0, end: int | None = None) -> None:
+        """The moments of the lines of ``block[begin:end]``."""
+        end = len(block) if end is None else end
         if src.mode is None:
-            src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
+            src.mode = detect_mode(block[begin:begin + 65536].decode("utf-8", "replace").split("\n")[:200])
             if self._use_lane:
                 src.lane = self._new_lane(src.mode)
         if src.lane is not None:
-            self._sync_lane(src, block, streams, points)
+            self._sync_lane(src, block, begin, end, streams, points)
             return
+        if begin or end != len(block):
+            block = block[begin:end]
         hits = self._sync_matcher.scan(block)
         if hits is not None:
             if not hits:
@@ -574,25 +585,25 @@ class Ingestor:
             lines = ((raw, None) for raw in block.split(b"\n"))
         self._sync_lines(src, lines, streams, points)
 
-    def _sync_lane(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
-                   points: SyncMoments) -> None:
-        """The lane reads the block's moments; the lines it gives back are read here, in order."""
-        pos = 0
+    def _sync_lane(self, src: _Src, block: bytes, begin: int, end: int,
+                   streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: SyncMoments) -> None:
+        """The lane reads the moments of ``block[begin:end]``; the lines it gives back are read here, in order."""
+        pos = begin
         while True:
-            found, stop = src.lane.sync_run(block, 0, pos, len(block))
+            found, stop = src.lane.sync_run(block, begin, pos, end)
             for label, moments in found:
                 points.add_many(self._sync_stream(src, streams, _label_prefix(label))[2], moments)
             if stop is None:
                 return
-            start, end, label, ids, head = stop
+            start, stop_end, label, ids, head = stop
             if head is not None:  # the heads the lane read since: as the Python path notes them
                 self._sync_stream(src, streams, _label_prefix(label))[1].note_layout(*head)
-            self._sync_lines(src, ((block[start:end], frozenset(ids)),), streams, points)
+            self._sync_lines(src, ((block[start:stop_end], frozenset(ids)),), streams, points)
             entry = streams.get(_label_prefix(label))
             src.lane.sync_layout(label, entry[1].last_layout if entry is not None else None)
-            if end >= len(block):
+            if stop_end >= end:
                 return
-            pos = end + 1
+            pos = stop_end + 1
 
     def _sync_stream(self, src: _Src, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
                      pfx: Prefix | None) -> tuple[StreamState, HeadParser, str]:
