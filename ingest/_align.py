@@ -19,6 +19,8 @@ from typing import Any, Final, Mapping
 __all__ = ["ClockOffset", "SyncMoments", "estimate_offsets"]
 
 MIN_POINTS: Final = 3
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
 MAX_MOMENTS: Final = 4096
 """Shared moments kept per node: plenty for a millisecond estimate, and a bound on memory."""
 
@@ -32,14 +34,15 @@ class SyncMoments:
     the job each node's log covers, their shared moments stay shared.
     """
 
-    def __init__(self, cap: int = MAX_MOMENTS) -> None:
+    def __init__(self, cap: int | None = None) -> None:
         self.points: dict[str, dict[int, list[int]]] = {}  # domain -> step -> its timestamps
         self._strides: dict[str, int] = {}
-        self._cap = cap
+        self._cap = max(cap if cap is not None else MAX_MOMENTS, 1)
 
     def add(self, domain: str, step: int, ts: int) -> None:
-        if type(step) is not int:
-            return  # only step numbers are moments every rank shares
+        # only step numbers are moments every rank shares; both fit in 64 bits (as the lane's MomentStore keeps them)
+        if type(step) is not int or type(ts) is not int or not (_I64_MIN <= step <= _I64_MAX and _I64_MIN <= ts <= _I64_MAX):
+            return
         stride = self._strides.get(domain, 1)
         if step % stride:
             return
@@ -58,24 +61,6 @@ class SyncMoments:
             if step % stride:
                 return
         keys[step] = [ts]
-
-    def add_many(self, domain: str, moments: list[tuple[int, int]]) -> None:
-        """:meth:`add` for many ``(step, ts)`` of one domain, in order, without a call per moment."""
-        keys = self.points.get(domain)
-        stride = self._strides.get(domain, 1)
-        for step, ts in moments:
-            if type(step) is not int or step % stride:
-                continue
-            if keys is None:
-                keys = self.points[domain] = {}
-            ts_list = keys.get(step)
-            if ts_list is not None:
-                ts_list.append(ts)
-            elif len(keys) >= self._cap:
-                self.add(domain, step, ts)  # the stride doubles: as add() does it
-                stride = self._strides.get(domain, 1)
-            else:
-                keys[step] = [ts]
 
     def __bool__(self) -> bool:
         return bool(self.points)

@@ -34,6 +34,7 @@ from jobtrace.events import SCHEMA_VERSION
 from otel_instrumentation._identity import trace_id_for_job
 from shippers import Sink
 
+from . import _align
 from ._align import ClockOffset, SyncMoments, estimate_offsets
 from ._lane import lane_module, new_lane
 from .parsers._util import set_span_id_counter, span_id_counter
@@ -233,7 +234,7 @@ class Ingestor:
         self._next_guess = 0
         self._max_rank = -1
         self._offsets: dict[str, ClockOffset] = {}
-        self._sync: SyncMoments | None = None
+        self._sync: Any = None  # SyncMoments or the lane's MomentStore (see _new_moments)
         self.summary = IngestSummary(job=config.job, matcher=matcher_engine(config.use_hyperscan))
         built = lane_module() is not None
         if config.native and not built:
@@ -520,8 +521,13 @@ class Ingestor:
             time.sleep(self.cfg.poll_s)
 
     # ---- alignment pass ---------------------------------------------------------------
+    def _new_moments(self) -> Any:
+        """Where the moments go: the lane's compiled store (it adds its moments there itself) or ``SyncMoments``."""
+        native = lane_module()
+        return native.MomentStore(_align.MAX_MOMENTS) if self._use_lane and native is not None else SyncMoments()
+
     def _align_pass(self, sources: list[Source]) -> None:
-        points = SyncMoments()
+        points = self._new_moments()
         for i, source in enumerate(sources):
             if source.is_stdin:
                 continue
@@ -561,10 +567,10 @@ class Ingestor:
                 fh.close()
         self._offsets = estimate_offsets(points.points)
         self.summary.clock_offsets = sorted(self._offsets.values(), key=lambda o: o.domain)
-        self._sync = SyncMoments()
+        self._sync = self._new_moments()
 
     def _sync_block(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
-                    points: SyncMoments, begin: int = 0, end: int | None = None) -> None:
+                    points: Any, begin: int = 0, end: int | None = None) -> None:
         """The moments of the lines of ``block[begin:end]``."""
         end = len(block) if end is None else end
         if src.mode is None:
@@ -586,16 +592,20 @@ class Ingestor:
         self._sync_lines(src, lines, streams, points)
 
     def _sync_lane(self, src: _Src, block: bytes, begin: int, end: int,
-                   streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: SyncMoments) -> None:
-        """The lane reads the moments of ``block[begin:end]``; the lines it gives back are read here, in order."""
+                   streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: Any) -> None:
+        """The lane adds the moments of ``block[begin:end]`` to ``points``; the lines it gives back are read here,
+        in order."""
         pos = begin
         while True:
-            found, stop = src.lane.sync_run(block, begin, pos, end)
-            for label, moments in found:
-                points.add_many(self._sync_stream(src, streams, _label_prefix(label))[2], moments)
+            stop = src.lane.sync_run(block, begin, pos, end, points)
             if stop is None:
                 return
             start, stop_end, label, ids, head = stop
+            if ids is None:  # a label the lane has not met: its clock domain, then the lane reads on
+                domain = self._sync_stream(src, streams, _label_prefix(label))[2]
+                src.lane.set_domain(label, points.domain_id(domain), True)
+                pos = start
+                continue
             if head is not None:  # the heads the lane read since: as the Python path notes them
                 self._sync_stream(src, streams, _label_prefix(label))[1].note_layout(*head)
             self._sync_lines(src, ((block[start:stop_end], frozenset(ids)),), streams, points)
@@ -618,7 +628,7 @@ class Ingestor:
         return entry
 
     def _sync_lines(self, src: _Src, lines: Iterable[tuple[bytes, frozenset[int] | None]],
-                    streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: SyncMoments) -> None:
+                    streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: Any) -> None:
         mode = src.mode or PrefixMode.NONE
         plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
         for raw, ids in lines:
@@ -732,6 +742,8 @@ class Ingestor:
                             state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
                             state.state("huggingface"), stream.head.last_layout,
                             state.rank_guessed)
+        if self._sync is not None:
+            src.lane.set_domain(label, self._sync.domain_id(stream.domain), False)
         if stream.pending and stream.block is None and src.lane.adopt_pending(label, stream.pending):
             stream.pending = []  # the lane holds them now (a log whose lines carry no time)
 
@@ -749,7 +761,7 @@ class Ingestor:
             stream.pending.extend(pending)
 
     def _lane_drain(self, src: _Src) -> None:
-        outs, counts, sync = src.lane.drain()
+        outs, counts = src.lane.drain(self._sync)
         for index, lines in outs:  # a bytes chunk for a sink that takes chunks, else a list of lines
             if type(lines) is bytes:
                 self._out_list[index].buf.append(lines)
@@ -770,9 +782,6 @@ class Ingestor:
                 by[name] = by.get(name, 0) + counts[name]
         for reason, n in counts["skipped"].items():
             s.skipped[reason] = s.skipped.get(reason, 0) + n
-        if sync and self._sync is not None:
-            for label, moments in sync:
-                self._sync.add_many(src.lane_streams[label].domain, moments)
 
     def _lines(self, src: _Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
         summary = self.summary

@@ -6,6 +6,8 @@ import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingest import estimate_offsets
 
@@ -104,7 +106,7 @@ class TestBoundedMoments:
     def test_ingest_keeps_alignment_exact_with_a_small_cap(self, ingest_files, monkeypatch):
         import ingest._align
 
-        monkeypatch.setattr(ingest._align.SyncMoments.__init__, "__defaults__", (8,))
+        monkeypatch.setattr(ingest._align, "MAX_MOMENTS", 8)
         summary, _ = ingest_files(node_logs(OFFSETS_MS, steps=200))
         offsets = {o.domain: o for o in summary.clock_offsets}
         ref = next(o.reference for o in offsets.values())
@@ -113,14 +115,18 @@ class TestBoundedMoments:
             assert offsets[node].points <= 8
 
 
-def test_add_many_keeps_what_add_keeps():
-    """The batch form the compiled lane uses: same moments, same strides, under the cap and past it."""
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.lists(st.tuples(st.sampled_from("abc"), st.one_of(
+    st.integers(-5, 300), st.integers(-2**70, 2**70), st.floats(allow_nan=False), st.none(), st.booleans()),
+    st.integers(-2**64, 2**64)), max_size=400))
+def test_the_lanes_store_keeps_what_sync_moments_keep(cap, moments):
+    """The compiled store the lane adds its moments to holds exactly what ``SyncMoments`` holds, whatever comes:
+    the same steps per domain past the cap (strides), and no non-step, too large step or time."""
+    native = pytest.importorskip("jobtrace_native")
     from ingest._align import SyncMoments
 
-    one, many = SyncMoments(cap=16), SyncMoments(cap=16)
-    moments = [(s, s * 1000 + r) for s in range(0, 200, 3) for r in range(2)] + [(7.5, 1), (None, 2)]  # type: ignore[list-item]
-    for step, ts in moments:
-        one.add("a", step, ts)  # type: ignore[arg-type]
-    many.add_many("a", moments[:40])
-    many.add_many("a", moments[40:])
-    assert many.points == one.points and many._strides == one._strides and len(one.points["a"]) <= 16
+    py, rs = SyncMoments(cap=cap), native.MomentStore(cap)
+    for domain, step, ts in moments:
+        py.add(domain, step, ts)  # type: ignore[arg-type]
+        rs.add(domain, step, ts)
+    assert rs.points == py.points and bool(rs) == bool(py)

@@ -30,6 +30,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+mod moments;
+use moments::MomentStore;
+
 // ---- JSON text, as orjson writes it --------------------------------------------------
 
 /// A JSON string of valid UTF-8 text, escaped as orjson escapes it.
@@ -204,17 +207,6 @@ const LAYOUT_ISO: u8 = 1;
 const LAYOUT_DEEPSPEED: u8 = 2;
 const LAYOUT_OTHER: u8 = 3;
 
-/// Clock-alignment moments by `srun` label, each label's `(step, ts)` in line order (the order
-/// `SyncMoments.add` must see them in; between labels, which are separate clock domains, it does not matter).
-type Moments = Vec<(Option<u32>, Vec<(i64, i64)>)>;
-
-fn add_moment(m: &mut Moments, label: Option<u32>, step: i64, ts: i64) {
-    match m.iter_mut().find(|(l, _)| *l == label) {
-        Some((_, v)) => v.push((step, ts)),
-        None => m.push((label, vec![(step, ts)])),
-    }
-}
-
 /// One pattern matching wherever any of `pats` does (ASCII classes, as Hyperscan reads the triggers).
 fn any_of<'a>(pats: impl Iterator<Item = &'a String>) -> PyResult<regex::bytes::Regex> {
     let alts: Vec<String> = pats.map(|p| format!("(?:{p})")).collect();
@@ -345,7 +337,11 @@ struct FastLane {
     #[pyo3(get, set)]
     next_span_id: u64,
     counts: Counts,
+    /// The main pass's clock-alignment moments since the last drain, in line order.
     sync: Vec<(Option<u32>, i64, i64)>,
+    /// The clock domain (`MomentStore.domain_id`) of each label: in the alignment pass, in the main pass.
+    sync_domains: HashMap<Option<u32>, usize>,
+    main_domains: HashMap<Option<u32>, usize>,
     /// Parsers whose step lines are clock-alignment moments (`sync_points` with `sync_step`).
     sync_parsers: Vec<usize>,
     /// Alignment pass: the epoch day of the last strict head per label since Python last read a line of it.
@@ -433,6 +429,8 @@ impl FastLane {
             next_span_id: 1,
             counts: Counts::default(),
             sync: Vec::new(),
+            sync_domains: HashMap::new(),
+            main_domains: HashMap::new(),
             sync_parsers,
             sync_days: HashMap::new(),
             sync_layouts: HashMap::new(),
@@ -590,26 +588,28 @@ impl FastLane {
         }
     }
 
-    /// The clock-alignment pass (`Ingestor._sync_block`): the moments of `block[start:end]` from byte `pos`,
-    /// until a line that Python must read.
+    /// The clock-alignment pass (`Ingestor._sync_block`): adds the moments of `block[start:end]` from byte `pos`
+    /// to `store`, until a line that Python must read.
     ///
-    /// Returns `(points, stop)`: points `(label, [(step, ts)])` (see `Moments`), and `None` at the end or the line
-    /// to give back as `(start, end, label, sync parser ids, head)`, where `head` is `(layout, epoch day)` of
-    /// the last head of that label read here since the previous such line (to note in Python's head parser).
+    /// Returns `None` at the end, or the line to give back as `(start, end, label, sync parser ids, head)`,
+    /// where `head` is `(layout, epoch day)` of the last head of that label read here since the previous such
+    /// line (to note in Python's head parser); ids and head are `None` when the lane needs the clock domain of
+    /// the label first (`set_domain`), then reads on from the same line.
     #[allow(clippy::type_complexity)]
-    #[pyo3(signature = (block, start, pos, end))]
+    #[pyo3(signature = (block, start, pos, end, store))]
     fn sync_run(
         &mut self,
         block: &[u8],
         start: usize,
         pos: usize,
         end: usize,
-    ) -> PyResult<(Moments, Option<(usize, usize, Option<u32>, Ids, Option<(&'static str, i64)>)>)> {
+        store: &Bound<'_, MomentStore>,
+    ) -> PyResult<Option<(usize, usize, Option<u32>, Option<Ids>, Option<(&'static str, i64)>)>> {
         let n = check_region(block, start, pos, end)?;
         if pos == start {
             self.find_hit_lines(block, start, n, true);
         }
-        let mut points = Vec::new();
+        let mut store = store.borrow_mut();
         let mut at = pos;
         loop {
             let eol = memchr::memchr(b'\n', &block[at..n]).map_or(n, |k| at + k);
@@ -627,19 +627,22 @@ impl FastLane {
                 }
                 ids.sort_unstable();
                 if !ids.is_empty() {
+                    let label = self.label_of(raw);
+                    let Some(&domain) = self.sync_domains.get(&label) else {
+                        return Ok(Some((at, eol, label, None, None)));
+                    };
                     match self.sync_line(raw, &ids) {
-                        Ok(Some((label, step, ts))) => add_moment(&mut points, label, step, ts),
+                        Ok(Some((_, step, ts))) => store.add_id(domain, step, ts),
                         Ok(None) => {}
                         Err(GiveBack) => {
-                            let label = self.label_of(raw);
                             let day = self.sync_days.remove(&label);
-                            return Ok((points, Some((at, eol, label, ids, day))));
+                            return Ok(Some((at, eol, label, Some(ids), day)));
                         }
                     }
                 }
             }
             if eol >= n {
-                return Ok((points, None));
+                return Ok(None);
             }
             at = eol + 1;
         }
@@ -691,21 +694,29 @@ impl FastLane {
         self.chunked[out] = true;
     }
 
+    /// The clock domain (`store.domain_id`) of a label's moments, in the alignment pass (`sync`) or the main pass.
+    fn set_domain(&mut self, label: Option<u32>, domain: usize, sync: bool) {
+        let map = if sync { &mut self.sync_domains } else { &mut self.main_domains };
+        map.insert(label, domain);
+    }
+
     /// Alignment pass: after Python read a line of the label, the layout its head parser now tries first.
     fn sync_layout(&mut self, label: Option<u32>, layout: Option<&str>) {
         self.sync_layouts.insert(label, layout_code(layout));
     }
 
-    /// What was written since the last call: `(outputs, counts, sync points)`.
+    /// What was written since the last call: `(outputs, counts)`; the step ends that are clock-alignment
+    /// moments go to `store` (none: they are not wanted).
     ///
     /// Outputs are `(out, [event line bytes])` by output index (one `bytes` of whole lines for a chunked
-    /// output); counts a dict of
-    /// the summary's numbers; the step ends that are clock-alignment moments (see `Moments`).
+    /// output); counts a dict of the summary's numbers.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (store=None))]
     fn drain<'py>(
         &mut self,
         py: Python<'py>,
-    ) -> PyResult<(Vec<(usize, Bound<'py, PyAny>)>, Bound<'py, PyDict>, Moments)> {
+        store: Option<&Bound<'py, MomentStore>>,
+    ) -> PyResult<(Vec<(usize, Bound<'py, PyAny>)>, Bound<'py, PyDict>)> {
         let mut outs = Vec::new();
         for (i, buf) in self.outs.iter_mut().enumerate() {
             if !buf.is_empty() && self.chunked.get(i).copied().unwrap_or(false) {
@@ -741,11 +752,19 @@ impl FastLane {
         }
         d.set_item("skipped", sk)?;
         d.set_item("estimated", c.estimated)?;
-        let mut moments = Moments::new();
-        for (label, step, ts) in self.sync.drain(..) {
-            add_moment(&mut moments, label, step, ts);
+        match store {
+            Some(store) => {
+                let mut store = store.borrow_mut();
+                for (label, step, ts) in self.sync.drain(..) {
+                    let Some(&domain) = self.main_domains.get(&label) else {
+                        return Err(PyValueError::new_err(format!("no clock domain for label {label:?}")));
+                    };
+                    store.add_id(domain, step, ts);
+                }
+            }
+            None => self.sync.clear(),
         }
-        Ok((outs, d, moments))
+        Ok((outs, d))
     }
 }
 
@@ -2475,6 +2494,7 @@ fn write_pending(buf: &mut Vec<u8>, open: &[u8], p: &Pending, ts: i64) {
 #[pymodule]
 fn jobtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FastLane>()?;
+    m.add_class::<MomentStore>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
