@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Mapping
 
-__all__ = ["ClockOffset", "SyncMoments", "estimate_offsets"]
+__all__ = ["ClockOffset", "SyncMoments", "estimate_offsets", "node_medians", "offsets_from_medians"]
 
 MIN_POINTS: Final = 3
 _I64_MIN: Final = -(2**63)
@@ -62,6 +62,9 @@ class SyncMoments:
                 return
         keys[step] = [ts]
 
+    def medians(self) -> dict[str, dict[Any, float]]:
+        return node_medians(self.points)
+
     def __bool__(self) -> bool:
         return bool(self.points)
 
@@ -103,20 +106,31 @@ def _trimmed_mean(xs: list[float]) -> float:
     return sum(core) / len(core)
 
 
+def node_medians(points: Mapping[str, Mapping[Any, list[int]]]) -> dict[str, dict[Any, float]]:
+    """Each domain's time of each shared moment: the median of its ranks' timestamps (ranks of one node
+    share its clock)."""
+    per_domain: dict[str, dict[Any, float]] = {}
+    for domain, keys in points.items():
+        d = {k: float(ts[0]) if len(ts) == 1 else _median([float(t) for t in ts]) for k, ts in keys.items() if ts}
+        if d:
+            per_domain[domain] = d
+    return per_domain
+
+
 def estimate_offsets(points: Mapping[str, Mapping[Any, list[int]]], *, reference: str | None = None,
                      min_points: int = MIN_POINTS) -> dict[str, ClockOffset]:
     """Offsets of every clock domain (node) against a reference, from shared moments.
 
     ``points[domain][key]`` lists the timestamps (ns) that ranks of ``domain`` logged for
-    the shared moment ``key`` (a step number); ranks of one node share its clock, so
-    their median stands for the node. The reference is the domain with the most moments
-    (ties: the first name) unless given.
+    the shared moment ``key`` (a step number). The reference is the domain with the most
+    moments (ties: the first name) unless given.
     """
-    per_domain: dict[str, dict[object, float]] = {}
-    for domain, keys in points.items():
-        d = {k: float(ts[0]) if len(ts) == 1 else _median([float(t) for t in ts]) for k, ts in keys.items() if ts}
-        if d:
-            per_domain[domain] = d
+    return offsets_from_medians(node_medians(points), reference=reference, min_points=min_points)
+
+
+def offsets_from_medians(per_domain: Mapping[str, Mapping[Any, float]], *, reference: str | None = None,
+                         min_points: int = MIN_POINTS) -> dict[str, ClockOffset]:
+    """:func:`estimate_offsets` from :func:`node_medians` (which the lane's ``MomentStore`` computes itself)."""
     if not per_domain:
         return {}
     if reference is None or reference not in per_domain:

@@ -35,7 +35,7 @@ from otel_instrumentation._identity import trace_id_for_job
 from shippers import Sink
 
 from . import _align
-from ._align import ClockOffset, SyncMoments, estimate_offsets
+from ._align import ClockOffset, SyncMoments, offsets_from_medians
 from ._lane import lane_module, new_lane
 from .parsers._util import set_span_id_counter, span_id_counter
 from ._match import Matcher, make_matcher, matcher_engine
@@ -303,7 +303,7 @@ class Ingestor:
         s.seconds = time.perf_counter() - t0
         s.streams = sorted(s.streams, key=lambda d: (d["rank"], d["node"], d["source"]))
         if self._sync:
-            residual = estimate_offsets(self._sync.points)
+            residual = offsets_from_medians(self._sync.medians())
             applied = [abs(o.offset_ms) for o in residual.values() if o.applied]
             if applied and any(o.applied for o in self._offsets.values()):
                 s.alignment_residual_ms = round(max(applied), 3)
@@ -565,7 +565,7 @@ class Ingestor:
                 pass
             finally:
                 fh.close()
-        self._offsets = estimate_offsets(points.points)
+        self._offsets = offsets_from_medians(points.medians())
         self.summary.clock_offsets = sorted(self._offsets.values(), key=lambda o: o.domain)
         self._sync = self._new_moments()
 

@@ -130,3 +130,4 @@ def test_the_lanes_store_keeps_what_sync_moments_keep(cap, moments):
         py.add(domain, step, ts)  # type: ignore[arg-type]
         rs.add(domain, step, ts)
     assert rs.points == py.points and bool(rs) == bool(py)
+    assert rs.medians() == py.medians()

@@ -76,6 +76,26 @@ impl MomentStore {
         Ok(out)
     }
 
+    /// `node_medians(points)`: each domain's time of each moment, the median of its timestamps as floats
+    /// (`_align._median`: the middle one, or the mean of the two middle ones).
+    fn medians<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let mut xs: Vec<f64> = Vec::new();
+        for d in self.domains.iter().filter(|d| !d.order.is_empty()) {
+            let keys = PyDict::new(py);
+            for step in &d.order {
+                xs.clear();
+                xs.extend(d.keys[step].iter().map(|&t| t as f64));
+                xs.sort_by(f64::total_cmp);
+                let n = xs.len();
+                let m = if n % 2 == 1 { xs[n / 2] } else { (xs[n / 2 - 1] + xs[n / 2]) / 2.0 };
+                keys.set_item(step, m)?;
+            }
+            out.set_item(&d.name, keys)?;
+        }
+        Ok(out)
+    }
+
     fn __bool__(&self) -> bool {
         self.used > 0
     }
