@@ -380,11 +380,12 @@ class Ingestor:
             src.discard = False
             self._block(src, tail, last=True, truncated=truncated)
         if src.lane is not None:  # lines still waiting for a time: written by the lane where it can, else Python's
-            # Only while no other stream writes at the end (its pending lines, its open block): where two
-            # streams share an output, their last lines go out in the order Python releases them.
+            # Only while no other stream writes at the end (its pending lines, its open block) and every
+            # stream has its output (one without gets it only now, maybe one another stream writes to): where
+            # two streams share an output, their last lines go out in the order Python releases them.
             held = {id(st) for st in src.lane_streams.values()}
             outs = [id(st.out) for st in src.streams.values() if st.out is not None]
-            if len(outs) == len(set(outs)) and not any(
+            if len(outs) == len(src.streams) == len(set(outs)) and not any(
                     st.pending or st.block is not None for st in src.streams.values() if id(st) not in held):
                 src.lane.release_all()
                 self._lane_drain(src)

@@ -151,6 +151,16 @@ def test_two_streams_of_one_rank_release_their_waiting_lines_in_python_order(tmp
     assert_paths_agree([write(tmp_path, lines)])
 
 
+def test_a_stream_that_gets_its_output_only_at_the_end_releases_in_python_order(tmp_path):
+    """A stream whose only line waits for a time has no output until the end of the file, where it gets the one
+    another stream (rank 3) writes to: their last lines go out in the order the Python engine releases them
+    (found by hypothesis)."""
+    megatron = fx.megatron_iteration(3, elapsed_ms=1000.0, when=fx.T0)
+    plain_line = "2026-01-05 12:00:00,250 - INFO - a - "
+    lines = ["0: " + megatron, "1: " + plain_line, "2: " + plain_line, "0", "3: " + megatron, "3: 0"]
+    assert_paths_agree([write(tmp_path, lines)])
+
+
 def test_a_log_without_any_time_is_read_by_the_lane(tmp_path, monkeypatch):
     """The first line of each stream (read by Python) leaves a line waiting for a time; the lane takes it over
     with the stream, so a print-only log does not go back to Python line by line."""
@@ -167,3 +177,47 @@ def test_a_log_without_any_time_is_read_by_the_lane(tmp_path, monkeypatch):
     lines = [fx.srun_label(i % 4, 1, WAITING[i % 3]) for i in range(400)]
     summary, _ = assert_paths_agree([write(tmp_path, lines)])
     assert summary.estimated_ts == 400 and len(given_back) // 2 <= 8  # the first line of each of 4 streams
+
+
+# ---- the literals the lane finds trigger lines by -------------------------------------------------------
+
+_OWN_TRIGGERS = [r"(?i)\berr(?:or)?\b\s*\d", r"[Ee]xception: ", r"(?:ab){3}c", r"x{2}\d{2}[yz]", r"\bkv=\d+",
+                 r"(?i)global_step|iter"]
+
+
+def _literals(triggers: list[str]) -> list[bytes] | None:
+    native = pytest.importorskip("jobtrace_native")
+    lane = native.FastLane("srun", 0, 1 << 20, 64, [triggers], ["own"], lambda key, unit: None, [])
+    return lane.filter_literals(False)
+
+
+def test_the_lane_finds_trigger_lines_by_literals():
+    """The built-in triggers all need a literal, so the lane scans blocks for those (not with the regular
+    expression, several times slower); a trigger that can match nearly anything keeps the regular expression."""
+    from ingest import IngestConfig, Ingestor
+
+    lane = Ingestor(IngestConfig(job="lits"), lambda node, rank: None)._new_lane("srun")
+    if lane is None:
+        pytest.skip("the compiled lane is not built")
+    main, sync = lane.filter_literals(False), lane.filter_literals(True)
+    assert main is not None and sync is not None and set(sync) <= set(main)
+    assert b"] NCCL " in main and b"ste" in main and b"Ste" in main  # the case-insensitive step trigger
+    assert _literals([r"\d+ ms"]) == [b" ms"] and _literals([r"(?i)ok"]) == [b"OK", b"Ok", b"oK", b"ok"]
+    assert _literals([r"\d+"]) is None and _literals([r"x*"]) is None and _literals([r"(?i)step|\w"]) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["err", "ERR", "Error", "or", " ", "7", "exception: ", "Exception: ", "ab", "c",
+                                 "xx", "12", "y", "kv=", "3", "GLOBAL_STEP", "Iter", "iter", "_", "\t"]),
+                max_size=12).map("".join))
+def test_every_line_a_trigger_matches_holds_a_literal(line):
+    """Sound whatever the line: where a trigger matches (Python's re, as the engine's per-line matcher), one of
+    the literals the lane looks for is in the line; else the lane would read a trigger line as a plain one."""
+    import re
+
+    lits = _literals(_OWN_TRIGGERS)
+    assert lits is not None
+    data = line.encode()
+    for t in _OWN_TRIGGERS:
+        if re.search(t.encode(), data):
+            assert any(lit in data for lit in lits), (t, line, lits)

@@ -30,7 +30,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+mod literals;
 mod moments;
+use literals::LineFilter;
 use moments::MomentStore;
 
 // ---- JSON text, as orjson writes it --------------------------------------------------
@@ -310,6 +312,9 @@ struct FastLane {
     /// All triggers in one pattern: finds, in one pass over a block, the few lines any parser may want.
     any_trigger: regex::bytes::Regex,
     sync_trigger: regex::bytes::Regex,
+    /// The same found through the literals the triggers need (see `literals`), where they have some.
+    any_filter: Option<LineFilter>,
+    sync_filter: Option<LineFilter>,
     /// Start offsets of the current block's lines that a trigger matched in, ascending, and a cursor.
     hit_lines: Vec<usize>,
     hit_at: usize,
@@ -392,7 +397,10 @@ impl FastLane {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let any = any_of(pats.iter())?;
         // the alignment pass looks only for the triggers of parsers whose lines are moments
-        let sync_any = any_of(pats.iter().zip(&owner).filter(|(_, p)| sync_parsers.contains(p)).map(|(t, _)| t))?;
+        let sync_pats = || pats.iter().zip(&owner).filter(|(_, p)| sync_parsers.contains(p)).map(|(t, _)| t);
+        let sync_any = any_of(sync_pats())?;
+        let any_filter = LineFilter::new(pats.iter());
+        let sync_filter = LineFilter::new(sync_pats());
         let find = |n: &str| names.iter().position(|x| x == n);
         Ok(FastLane {
             srun,
@@ -402,6 +410,8 @@ impl FastLane {
             triggers: set,
             any_trigger: any,
             sync_trigger: sync_any,
+            any_filter,
+            sync_filter,
             hit_lines: Vec::new(),
             hit_at: 0,
             trigger_parser: owner,
@@ -694,6 +704,13 @@ impl FastLane {
         self.chunked[out] = true;
     }
 
+    /// The literals the lane finds trigger lines by (`None`: it scans with the triggers themselves), for the
+    /// main pass or the alignment pass.
+    fn filter_literals(&self, sync: bool) -> Option<Vec<Vec<u8>>> {
+        let f = if sync { &self.sync_filter } else { &self.any_filter };
+        f.as_ref().map(|f| f.literals.clone())
+    }
+
     /// The clock domain (`store.domain_id`) of a label's moments, in the alignment pass (`sync`) or the main pass.
     fn set_domain(&mut self, label: Option<u32>, domain: usize, sync: bool) {
         let map = if sync { &mut self.sync_domains } else { &mut self.main_domains };
@@ -773,6 +790,10 @@ impl FastLane {
     fn find_hit_lines(&mut self, block: &[u8], start: usize, end: usize, sync: bool) {
         self.hit_lines.clear();
         self.hit_at = 0;
+        if let Some(f) = if sync { &self.sync_filter } else { &self.any_filter } {
+            f.lines(block, start, end, &mut self.hit_lines);
+            return;
+        }
         let mut last_line = usize::MAX;
         let region = &block[start..end];
         let rx = if sync { &self.sync_trigger } else { &self.any_trigger };
