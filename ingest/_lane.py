@@ -4,11 +4,11 @@ The Python engine reads every line at ~10 µs whatever is optimised in it (its t
 spread over decoding, routing, parsing and encoding alike), so the 500,000 lines/s goal
 needs compiled code. The lane reads the common kinds of line (strict Python ``logging``
 lines, generic step lines, ``print`` and NCCL lines, DeepSpeed progress and timers,
-Megatron-LM iterations, tqdm refreshes, and the alignment pass's moments) and gives every
-other line back to the engine in order, with the state of the stream it belongs to; its
-output is byte for byte the engine's (``tests/ingest/test_native.py``). It is optional:
-without the compiled module, or for inputs it does not cover, the Python engine does all
-the work.
+Megatron-LM iterations, tqdm refreshes, Hugging Face Trainer metric dicts, and the alignment
+pass's moments) and gives every other line back to the engine in order, with the state of the
+stream it belongs to; its output is byte for byte the engine's (``tests/ingest/test_native.py``).
+It is optional: without the compiled module, or for inputs it does not cover, the Python engine
+does all the work.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -126,6 +127,7 @@ def test_the_lane_reads_the_common_lines(tmp_path, monkeypatch):
     summary, _ = assert_paths_agree([mixed])
     lane_lines = summary.lines - len(given_back) // 2  # two of the four runs use the lane
     assert summary.fast_lane and lane_lines > 0.9 * summary.lines
+    assert not [x for x in given_back if b"{'" in x]  # the Trainer's metric dicts (see the tests below)
     # the alignment pass: the lane reads the generic step lines' moments, Python the others (DeepSpeed, Megatron)
     steps = summary.lines_by_parser["generic-step"]
     assert len(sync_read_in_python) // 2 < 0.3 * steps
@@ -221,3 +223,184 @@ def test_every_line_a_trigger_matches_holds_a_literal(line):
     for t in _OWN_TRIGGERS:
         if re.search(t.encode(), data):
             assert any(lit in data for lit in lits), (t, line, lits)
+
+
+# ---- Hugging Face Trainer metric dicts -------------------------------------------------
+
+HF_LOGS = [
+    {"loss": 2.3456, "grad_norm": 1.2345678, "learning_rate": 4.5e-05, "epoch": 0.01},
+    {"loss": 0.0, "grad_norm": 12.5, "learning_rate": 0.0003, "epoch": 1.0},
+    {"eval_loss": 1.75, "eval_runtime": 12.3456, "eval_samples_per_second": 81.0, "eval_steps_per_second": 10.125,
+     "epoch": 2.0},
+    {"train_runtime": 1234.5678, "train_samples_per_second": 12.345, "train_steps_per_second": 0.772,
+     "total_flos": 123456789012345.0, "train_loss": 1.8765, "epoch": 3.0},
+    {"loss": -1.5, "learning_rate": 1e-05, "epoch": 0.5},  # 1e-05 and '1e-05': the smallest orjson writes plainly
+    {"loss": 1, "epoch": 2},  # ints: their floats
+]
+
+# Dict lines the lane reads besides the Trainer's own: the edges of the shape it takes.
+HF_EDGES = [
+    "{'loss': -0, 'a': '-0', 'b': -0.0, 'c': 0}",  # the int -0 is 0.0; the string '-0' is -0.0
+    "{'learning_rate': 0.5, 'lr': 0.25}",  # renamed onto a name met again: first place, last value
+    "{'train/loss': 1.5E+3, 'x.y-z': '2.5e-3', '_k9': 9999999999999998.0}",
+    "{'loss': 1.2345678901234567890123}",
+]
+
+# Dict lines the lane gives back (each as its trigger shows it): Python reads them its own ways.
+HF_UNUSUAL = [
+    "{'loss': None, 'lr': 1.0}", "{'loss': True, 'lr': 1.0}", "{'loss': nan}", "{'loss': 'nan'}",
+    "{'loss': 'inf', 'grad_norm': inf}", "{'loss': 1_000}", "{'loss': 0x10}", "{'loss': 007}", "{'loss': 1e-07}",
+    "{'loss': 1e16}", "{'loss': 1e999}", "{'loss': 123456789012345678901234}", "{'loss': 1.5, 'loss': 2.5}",
+    "{'loss': [1, 2]}", "{'loss': {'a': 1}}", "{'loss': 'x'}", "{'a': 1, 'lo\\'ss': 1.0}", "{'loss': 1.0} tail",
+    "head {'loss': 1.0}", "{'a': 1, 'lossé': 1.0}", "{'loss': +1.0}", "{'loss': 1.0, }", "{'loss': 1.0,  'lr': 2}",
+    "{'loss': 1.}", "{'loss': .5}", "{'loss': 1.0} {'lr': 2.0}", "{'loss': ' 1.5'}", "{'loss': 1.0, 'step': 'a'}",
+    "{'loss': 1.0}\t",
+]
+
+# Lines like dicts that no trigger names (no "{'key': " in them): prints, for the lane as for Python.
+HF_PRINTS = ["{'lo\\'ss': 1.0}", "{'lossé': 1.0}", "{'loss':1.0}", '{"loss": 1.0}']
+
+
+def stamp(i: int) -> str:
+    return f"2026-01-05 12:{i // 60 % 60:02d}:{i % 60:02d},250"
+
+
+def hf_run(dict_of, bar: bool, steps: int = 12, ranks: int = 2) -> list[str]:
+    """A Trainer's output on ``ranks`` srun-labelled ranks: logging lines, a tqdm bar (if ``bar``) and a dict
+    every other step; the first line of each rank is a dated one (a stream's first line is Python's)."""
+    lines = []
+    for i in range(steps):
+        for r in range(ranks):
+            mine = [plain(f"batch {i} of rank {r} begins", stamp=stamp(i))]
+            if bar:
+                mine.append(fx.tqdm_meter(i, steps, i * 0.25, 4.0 if i else None))
+            if i % 2:
+                mine.append(dict_of(HF_LOGS[i // 2 % len(HF_LOGS)]))
+            lines += [fx.srun_label(r, 1, x) for x in mine]
+    return lines
+
+
+@pytest.fixture
+def given_back(monkeypatch):
+    """The lines the lane gives back to Python (only the runs that use the lane give any)."""
+    from ingest._engine import Ingestor
+
+    got: list[str] = []
+    real = Ingestor._lane_give_back
+
+    def spy(self, src, raw, ids, truncated, label=None):
+        got.append(raw.decode("utf-8", "replace"))
+        return real(self, src, raw, ids, truncated, label)
+
+    monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
+    return got
+
+
+def dicts_in(lines: list[str]) -> list[str]:
+    return [x for x in lines if "{'" in x]
+
+
+@pytest.mark.parametrize("dict_of", [fx.hf_logs_dict_old, fx.hf_logs_dict_new], ids=["str-floats", "4g-strings"])
+@pytest.mark.parametrize("bar", [True, False], ids=["bar", "no-bar"])
+def test_trainer_metric_dicts_are_read_by_the_lane(tmp_path, given_back, dict_of, bar):
+    """The dicts wait for the next dated line; their step is the bar's count, else the count of loss dicts."""
+    lines = hf_run(dict_of, bar)
+    summary, out = assert_paths_agree([write(tmp_path, lines)])
+    assert summary.fast_lane and summary.lines_by_parser["huggingface"] >= 12
+    assert dicts_in(given_back) == [] and len(given_back) == 2  # the first line of each rank
+    events = [orjson.loads(x) for written in out.values() for x in written]
+    metrics = [e for e in events if e["kind"] == "metric" and "loss" in e["metrics"]]
+    assert metrics and all(e["est"] for e in metrics)
+    assert all(("attrs" in e) is (not bar) for e in metrics)
+
+
+def test_trainer_metric_dicts_in_a_file_without_prefix(tmp_path, given_back):
+    lines = [x.split(": ", 1)[1] for x in hf_run(fx.hf_logs_dict_old, False, ranks=1)]
+    summary, _ = assert_paths_agree([write(tmp_path, lines)])
+    assert summary.fast_lane and dicts_in(given_back) == [] and len(given_back) == 1
+
+
+@pytest.mark.parametrize("bar", [True, False], ids=["bar", "no-bar"])
+@pytest.mark.parametrize("pending_cap", [3, 10_000])
+def test_trainer_metric_dicts_at_the_end_of_a_file(tmp_path, given_back, pending_cap, bar):
+    """Dicts that no dated line follows: written at the stream's last time by the lane (or past the cap);
+    then a rank whose last dict the lane gives back: Python writes that rank's pending lines, the lane the others'."""
+    edge = [fx.hf_logs_dict_new(d) for d in HF_LOGS] + HF_EDGES
+    tail = [fx.srun_label(r, 1, x) for r in (0, 1) for x in edge]
+    lines = hf_run(fx.hf_logs_dict_old, bar, steps=4) + tail
+    summary, _ = assert_paths_agree([write(tmp_path, lines)], pending_cap=pending_cap)
+    assert dicts_in(given_back) == [] and summary.estimated_ts >= 2 * len(edge)
+    given_back.clear()
+    # "NaN" as a metric: a pending event the lane does not take over
+    ends_in_python = lines + [fx.srun_label(2, 1, plain("rank 2")), fx.srun_label(2, 1, HF_UNUSUAL[3])]
+    assert_paths_agree([write(tmp_path, ends_in_python)], pending_cap=pending_cap)
+    assert dicts_in(given_back) == [fx.srun_label(2, 1, HF_UNUSUAL[3])]
+
+
+def test_trainer_metric_dicts_around_lines_python_reads(tmp_path, given_back):
+    """Pending dicts go to Python with their stream (a traceback, an unusual dict), and Python's pending dicts
+    come back to the lane (the dict after a given-back one, and a stream's first dict, leave the lane reading)."""
+    body: list[str] = []
+    for i in range(8):
+        body.append(plain(f"batch {i}", stamp=stamp(i)))
+        if i == 5:  # given back while the lane holds nothing pending: the lane takes Python's pending dict over
+            body += [HF_UNUSUAL[5], fx.hf_logs_dict_new(HF_LOGS[0]), WAITING[1]]
+        body += [fx.tqdm_meter(i, 8, i * 0.5, 2.0 if i else None), fx.hf_logs_dict_old(HF_LOGS[i % len(HF_LOGS)]),
+                 "rank print line"]
+        if i == 3:  # while the lane holds tqdm and dict events pending: they go to Python
+            body += ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', "ValueError: x"]
+        body += [step(i, "loss 0.5 time 3ms", stamp=stamp(i)), plain(f"done {i}", stamp=stamp(i))]
+    # rank 1's first line is a dict (Python reads it and the lane adopts what it leaves pending, before the
+    # stream has an output); rank 2 reads dicts but never prints a dated line
+    lines = [fx.srun_label(r, 1, x) for x in body for r in (0, 1)]
+    lines.insert(0, fx.srun_label(1, 1, fx.hf_logs_dict_old(HF_LOGS[0])))
+    lines += [fx.srun_label(2, 1, fx.hf_logs_dict_new(d)) for d in HF_LOGS]
+    summary, _ = assert_paths_agree([write(tmp_path, lines)])
+    assert summary.lines_by_parser["huggingface"] >= 30
+    unusual = fx.srun_label(0, 1, HF_UNUSUAL[5])
+    first_of_1, first_of_2 = fx.srun_label(1, 1, fx.hf_logs_dict_old(HF_LOGS[0])), lines[-len(HF_LOGS)]
+    assert dicts_in(given_back) == [first_of_1, unusual, fx.srun_label(1, 1, HF_UNUSUAL[5]), first_of_2]
+
+
+def test_unusual_dicts_are_given_back(tmp_path, given_back):
+    """Each dict outside the lane's shape goes back to Python; the edges of the shape stay in the lane."""
+    body = [x for u in HF_UNUSUAL + HF_EDGES + HF_PRINTS for x in (u, plain("next", stamp=stamp(1)))]
+    lines = [fx.srun_label(0, 1, plain("first"))] + [fx.srun_label(0, 1, x) for x in body]
+    assert_paths_agree([write(tmp_path, lines)])
+    back = set(given_back)
+    for u in HF_UNUSUAL:
+        assert fx.srun_label(0, 1, u) in back, u
+    for e in HF_EDGES + HF_PRINTS:
+        assert fx.srun_label(0, 1, e) not in back, e
+
+
+def test_a_long_dict_and_a_short_message_cap(tmp_path, given_back):
+    """A dict longer than the message cap (the log event cuts it) or of 64 KiB or more (``_metrics`` reads it
+    with ``_PAIR``) is Python's."""
+    short = fx.hf_logs_dict_old(HF_LOGS[0])
+    long = fx.hf_logs_dict_old({f"k{i}": i + 0.5 for i in range(5000)})
+    lines = [fx.srun_label(0, 1, x) for x in [plain("first"), short, long, plain("next", stamp=stamp(2))]]
+    assert_paths_agree([write(tmp_path, lines)], max_msg_chars=40)
+    assert dicts_in(given_back) == [fx.srun_label(0, 1, short), fx.srun_label(0, 1, long)]
+    given_back.clear()
+    assert_paths_agree([write(tmp_path, lines)], max_msg_chars=1 << 17)
+    assert dicts_in(given_back) == [fx.srun_label(0, 1, long)]
+
+
+hf_key = st.sampled_from(["loss", "grad_norm", "learning_rate", "lr", "epoch", "eval_loss", "train_samples_per_second",
+                          "train_samples_per_s", "a/b", "x.y-z", "_k", "k9"])
+hf_float = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-1e4, 1e4),
+                     st.sampled_from([0.0, -0.0, 1e-05, 9.99e-06, 1e16, 9999999999999998.0]))
+hf_value = st.one_of(hf_float.map(repr), hf_float.map(lambda v: repr(f"{v:.4g}")), st.integers(-10**25, 10**25).map(str),
+                     st.sampled_from(["None", "True", "'x'", "007", "1_0", "-0", "'-0'", "[1]", "+1.5", "1.", ".5"]))
+hf_line = st.lists(st.tuples(hf_key, hf_value), min_size=1, max_size=6).map(
+    lambda kv: "{" + ", ".join(f"'{k}': {v}" for k, v in kv) + "}")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 2), st.one_of(
+    hf_line, hf_line, st.sampled_from(HF_UNUSUAL + HF_EDGES + HF_PRINTS + WAITING[:3]),
+    st.integers(0, 30).map(lambda n: fx.tqdm_meter(n, 30, n * 0.5, 2.0)),
+    st.integers(0, 59).map(lambda s: plain("dated", stamp=stamp(s))))), min_size=1, max_size=25))
+def test_random_trainer_dicts(tmp_path: Path, lines):
+    assert_paths_agree([write(tmp_path, [fx.srun_label(r, 1, x) for r, x in lines])])

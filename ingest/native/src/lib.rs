@@ -14,7 +14,8 @@
 //! * DeepSpeed's progress and timer lines (`[date] [INFO] [logging.py:…] [Rank 0] step=…`,
 //!   `… time (ms) | fwd: …`), Megatron-LM's iteration lines (` [date] iteration N/ T | …`);
 //! * lines with no timestamp that wait for the stream's next one, as the Python engine's
-//!   pending lines do: a `print` (no trigger), an NCCL INFO/WARN line, a tqdm refresh;
+//!   pending lines do: a `print` (no trigger), an NCCL INFO/WARN line, a tqdm refresh, a
+//!   Hugging Face Trainer metric dict (`{'loss': 2.3456, 'learning_rate': 4.5e-05, …}`);
 //! * in the clock-alignment pass, the moments of generic step, DeepSpeed and Megatron lines.
 //!
 //! A line is given back when anything about it is unusual (another layout, a new stream,
@@ -245,6 +246,10 @@ enum Pending {
     /// A step span of a tqdm bar (`HuggingFaceParser._bar`), `dt` before the line's (estimated) time.
     TqdmSpan { step: i64, dur: i64, id: String, dt: i64 },
     TqdmMetric { n: i64, total: i64 },
+    /// A metric event without a time of its own in the layout of `HuggingFaceParser._metrics`:
+    /// `{"kind":"metric","metrics":{…}}`, then `"attrs":{"step_estimated":true}` when `estimated`, then `"step"`.
+    /// The metrics are finite floats that `json_float` writes (checked where they are made or adopted).
+    DictMetric { metrics: Vec<(String, f64)>, step: Option<i64>, estimated: bool },
     Nccl { level: &'static str, msg: String, host: String, pid: i64, tid: i64, dev: i64, src: Option<String> },
 }
 
@@ -533,6 +538,22 @@ impl FastLane {
                     m.set_item("progress", n as f64)?;
                     m.set_item("progress_total", total as f64)?;
                     d.set_item("metrics", m)?;
+                }
+                Pending::DictMetric { metrics, step, estimated } => {
+                    d.set_item("kind", "metric")?; // "kind" keeps its first place
+                    let m = PyDict::new(py);
+                    for (k, v) in metrics {
+                        m.set_item(k, v)?;
+                    }
+                    d.set_item("metrics", m)?;
+                    if estimated {
+                        let a = PyDict::new(py);
+                        a.set_item("step_estimated", true)?;
+                        d.set_item("attrs", a)?;
+                    }
+                    if let Some(step) = step {
+                        d.set_item("step", step)?;
+                    }
                 }
                 Pending::Nccl { level, msg, host, pid, tid, dev, src } => {
                     d.set_item("level", level)?;
@@ -882,6 +903,7 @@ impl FastLane {
         match ids.as_slice() {
             [] => self.print_line(si, text),
             [p] if Some(*p) == self.nccl => self.nccl_line(si, text),
+            [p, ..] if Some(*p) == self.huggingface && text[0] == b'{' => self.hf_dict_line(py, si, text, ids),
             _ => Err(GiveBack),
         }
     }
@@ -912,7 +934,7 @@ impl FastLane {
         for p in &pend {
             match p {
                 Pending::TqdmSpan { .. } => self.counts.spans += 1,
-                Pending::TqdmMetric { .. } => self.counts.metrics += 1,
+                Pending::TqdmMetric { .. } | Pending::DictMetric { .. } => self.counts.metrics += 1,
                 _ => self.counts.logs += 1,
             }
         }
@@ -1068,6 +1090,40 @@ impl FastLane {
         all.push(Pending::Print { msg }); // the line itself, as `_parse` adds it
         all.extend(events);
         self.push_pending_all(si, all);
+        Ok(true)
+    }
+
+    /// A Hugging Face Trainer metric dict (`ProgressCallback.on_log`: `str(logs)`, or since transformers 4.46 with
+    /// the floats as `f"{v:.4g}"` strings), as `HuggingFaceParser._metrics` reads it: the line and a metric
+    /// event, both waiting for a time like a `print`. Only the exact shape of `hf_dict` is read here.
+    fn hf_dict_line(&mut self, py: Python<'_>, si: usize, text: &[u8], ids: &[usize]) -> Result<bool, GiveBack> {
+        self.first_then_generic(self.huggingface, ids)?; // a dict of metrics always stops the parser loop
+        // `_metrics` leaves a blob of 64 KiB or more to `_PAIR`; a message past the cap is cut: Python's
+        if text.len() > self.cap || text.len() >= 65536 {
+            return Err(GiveBack);
+        }
+        let metrics = hf_dict(text).ok_or(GiveBack)?;
+        let msg = String::from_utf8(text.to_vec()).map_err(|_| GiveBack)?;
+        self.check_room(si, 2)?;
+        let (step, estimated) = {
+            let st = self.streams[si].huggingface_state.bind(py);
+            let n = get_int(st, "n")?;
+            let mut dicts = get_int(st, "dicts")?;
+            if metrics.iter().any(|(k, _)| k == "loss") {
+                let d = dicts.unwrap_or(0).checked_add(1).ok_or(GiveBack)?;
+                st.set_item("dicts", d).map_err(|_| GiveBack)?; // the last that can give the line back
+                dicts = Some(d);
+            }
+            // the bar's count, else the count of loss dicts so far (marked estimated), else none
+            match (n, dicts) {
+                (Some(n), _) => (Some(n), false),
+                (None, Some(d)) if d != 0 => (Some(d), true),
+                _ => (None, false),
+            }
+        };
+        self.counts.huggingface += 1;
+        // the line itself first, as `_parse` adds it
+        self.push_pending_all(si, vec![Pending::Print { msg }, Pending::DictMetric { metrics, step, estimated }]);
         Ok(true)
     }
 
@@ -1784,6 +1840,116 @@ fn item<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, key: &str) -> Op
     d.get_item(key).ok().flatten()?.extract::<T>().ok()
 }
 
+/// `_KEYS` of `ingest/parsers/huggingface.py`: the Trainer's names that the events shorten.
+fn hf_name(key: &str) -> &str {
+    match key {
+        "learning_rate" => "lr",
+        "train_samples_per_second" => "train_samples_per_s",
+        "train_steps_per_second" => "train_steps_per_s",
+        k => k,
+    }
+}
+
+/// A plain decimal number at the start of `t`, as `repr()` of a float or an int and `f"{v:.4g}"` print them:
+/// `-?(0|[1-9]\d{0,19})(\.\d{1,24})?([eE][-+]?\d{1,3})?`; `(its end, whether it is an int)`. Leading zeros
+/// (a syntax error for `ast.literal_eval`), underscores, `nan`/`inf` and long digit runs (past the int-to-str
+/// limit, or a float of an int that overflows) are left out: those lines are Python's.
+fn plain_number(t: &[u8]) -> Option<(usize, bool)> {
+    let run = |from: usize| t[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let mut i = usize::from(t.first() == Some(&b'-'));
+    let int = run(i);
+    if int == 0 || int > 20 || (int > 1 && t[i] == b'0') {
+        return None;
+    }
+    i += int;
+    let mut is_int = true;
+    if t.get(i) == Some(&b'.') {
+        let frac = run(i + 1);
+        if frac == 0 || frac > 24 {
+            return None;
+        }
+        i += 1 + frac;
+        is_int = false;
+    }
+    if matches!(t.get(i), Some(b'e') | Some(b'E')) {
+        i += 1;
+        if matches!(t.get(i), Some(b'+') | Some(b'-')) {
+            i += 1;
+        }
+        let exp = run(i);
+        if exp == 0 || exp > 3 {
+            return None;
+        }
+        i += exp;
+        is_int = false;
+    }
+    Some((i, is_int))
+}
+
+/// The metrics of a line that is exactly a Trainer metric dict, `{'key': value, 'key2': value2}` with keys
+/// `[A-Za-z_][A-Za-z0-9_/.-]*`, each once, and values that are plain numbers (`plain_number`), bare or
+/// single-quoted: what `ast.literal_eval` and `number()` make of it, renamed (`_KEYS`; a name met again keeps
+/// its first place and takes the last value, as a dict does). `None` for any other shape or a value whose JSON
+/// text could differ (`json_float`); `_DICT.search` finds this whole line as the blob.
+fn hf_dict(t: &[u8]) -> Option<Vec<(String, f64)>> {
+    if t.first() != Some(&b'{') || t.last() != Some(&b'}') {
+        return None;
+    }
+    let mut raw: Vec<(&str, f64)> = Vec::new();
+    let mut i = 1;
+    loop {
+        if t.get(i) != Some(&b'\'') || !t.get(i + 1).is_some_and(|&c| c.is_ascii_alphabetic() || c == b'_') {
+            return None;
+        }
+        let k0 = i + 1;
+        let mut k = k0 + 1;
+        while k < t.len() && (is_word(t[k]) || matches!(t[k], b'/' | b'.' | b'-')) {
+            k += 1;
+        }
+        if !t[k..].starts_with(b"': ") {
+            return None;
+        }
+        let key = std::str::from_utf8(&t[k0..k]).ok()?;
+        if raw.iter().any(|(seen, _)| *seen == key) {
+            return None; // a key given twice: the dict keeps its first place and last value; rare, Python's
+        }
+        let quoted = t.get(k + 3) == Some(&b'\'');
+        let v0 = k + 3 + usize::from(quoted);
+        let (len, is_int) = plain_number(&t[v0..])?;
+        let mut x: f64 = std::str::from_utf8(&t[v0..v0 + len]).ok()?.parse().ok()?;
+        if is_int && !quoted && x == 0.0 {
+            x = 0.0; // `-0` is the int 0, whose float is 0.0 (a string "-0" is float -0.0)
+        }
+        if !x.is_finite() || json_float(x).is_none() {
+            return None; // `1e999` (metric_value's "Infinity") or a float orjson writes with an exponent
+        }
+        raw.push((key, x));
+        i = v0 + len;
+        if quoted {
+            if t.get(i) != Some(&b'\'') {
+                return None;
+            }
+            i += 1;
+        }
+        if i == t.len() - 1 {
+            break; // the closing brace
+        }
+        if !t[i..].starts_with(b", ") {
+            return None;
+        }
+        i += 2;
+    }
+    let mut metrics: Vec<(String, f64)> = Vec::with_capacity(raw.len());
+    for (key, x) in raw {
+        let name = hf_name(key);
+        match metrics.iter_mut().find(|(k, _)| k == name) {
+            Some(e) => e.1 = x,
+            None => metrics.push((name.to_string(), x)),
+        }
+    }
+    Some(metrics)
+}
+
 /// A pending event dict of a kind the lane writes, as `write_pending` writes it (exact keys and order).
 fn pending_of(ev: &Bound<'_, PyDict>) -> Option<Pending> {
     let keys = keys_of(ev)?;
@@ -1827,6 +1993,36 @@ fn pending_of(ev: &Bound<'_, PyDict>) -> Option<Pending> {
                 dev: item::<i64>(&a, "cuda_dev")?,
                 src: if with_src { Some(item::<String>(&a, "src")?) } else { None },
             })
+        }
+        ["kind", "metrics"] | ["kind", "metrics", "step"] | ["kind", "metrics", "attrs", "step"] => {
+            if item::<String>(ev, "kind")? != "metric" {
+                return None;
+            }
+            let m = ev.get_item("metrics").ok().flatten()?.cast_into::<PyDict>().ok()?;
+            let mut metrics = Vec::with_capacity(m.len());
+            for (key, v) in m.iter() {
+                // floats only (NaN and infinities are strings there), each one that json_float writes
+                if !v.is_exact_instance_of::<pyo3::types::PyFloat>() {
+                    return None;
+                }
+                let x: f64 = v.extract().ok()?;
+                json_float(x)?;
+                metrics.push((key.extract::<String>().ok()?, x));
+            }
+            let estimated = k.len() == 4;
+            if estimated {
+                let a = ev.get_item("attrs").ok().flatten()?.cast_into::<PyDict>().ok()?;
+                let flag = a.get_item("step_estimated").ok().flatten()?;
+                if a.len() != 1 || !flag.is_exact_instance_of::<pyo3::types::PyBool>() || !flag.is_truthy().ok()? {
+                    return None;
+                }
+            }
+            let step = match ev.get_item("step").ok().flatten() {
+                Some(v) if exact_int(&v) => Some(v.extract::<i64>().ok()?),
+                Some(_) => return None,
+                None => None,
+            };
+            Some(Pending::DictMetric { metrics, step, estimated })
         }
         _ => None,
     }
@@ -2486,6 +2682,25 @@ fn write_pending(buf: &mut Vec<u8>, open: &[u8], p: &Pending, ts: i64) {
             buf.extend_from_slice(b",\"progress_total\":");
             buf.extend_from_slice(json_float(*total as f64).unwrap_or_default().as_bytes());
             buf.push(b'}');
+        }
+        Pending::DictMetric { metrics, step, estimated } => {
+            buf.extend_from_slice(b"\"kind\":\"metric\",\"metrics\":{");
+            for (i, (k, v)) in metrics.iter().enumerate() {
+                if i > 0 {
+                    buf.push(b',');
+                }
+                json_str(buf, k.as_bytes());
+                buf.push(b':');
+                buf.extend_from_slice(json_float(*v).unwrap_or_default().as_bytes());
+            }
+            buf.push(b'}');
+            if *estimated {
+                buf.extend_from_slice(b",\"attrs\":{\"step_estimated\":true}");
+            }
+            if let Some(step) = step {
+                buf.extend_from_slice(b",\"step\":");
+                push_int(buf, *step);
+            }
         }
         Pending::Nccl { level, msg, host, pid, tid, dev, src } => {
             buf.extend_from_slice(b"\"kind\":\"log\",\"level\":\"");
