@@ -9,7 +9,8 @@
 //! wrong answer. Where a trigger has no such literal (it can match nearly anything), the lane keeps
 //! the regular expression scan.
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, Input, MatchKind};
+use aho_corasick::packed::{Config, MatchKind, Searcher};
+use aho_corasick::Span;
 use regex_syntax::hir::{Class, Hir, HirKind};
 
 /// At most this many literals in a set (beyond it, cross products of classes are not worth it).
@@ -177,7 +178,8 @@ pub fn needed_literals<'a>(patterns: impl Iterator<Item = &'a String>) -> Option
 
 /// Finds the lines that hold any of the needed literals.
 pub struct LineFilter {
-    ac: AhoCorasick,
+    /// the packed (Teddy) searcher itself: the automaton with it as a prefilter walks each candidate bytewise
+    ac: Searcher,
     pub literals: Vec<Vec<u8>>,
 }
 
@@ -187,10 +189,7 @@ impl LineFilter {
         if lits.len() > MAX_SET {
             return None; // past what the packed (Teddy) search takes: no faster than the regex scan
         }
-        let ac = AhoCorasickBuilder::new()
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(&lits)
-            .ok()?;
+        let ac = Config::new().match_kind(MatchKind::LeftmostFirst).builder().extend(&lits).build()?;
         Some(LineFilter { ac, literals: lits })
     }
 
@@ -198,7 +197,7 @@ impl LineFilter {
     pub fn lines(&self, block: &[u8], start: usize, end: usize, out: &mut Vec<usize>) {
         let mut at = start;
         while at < end {
-            let Some(m) = self.ac.find(Input::new(block).span(at..end)) else { break };
+            let Some(m) = self.ac.find_in(block, Span::from(at..end)) else { break };
             let line = memchr::memrchr(b'\n', &block[start..m.start()]).map_or(start, |k| start + k + 1);
             out.push(line);
             at = memchr::memchr(b'\n', &block[m.end()..end]).map_or(end, |k| m.end() + k + 1);
