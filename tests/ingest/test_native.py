@@ -184,13 +184,17 @@ def test_a_log_without_any_time_is_read_by_the_lane(tmp_path, monkeypatch):
 # ---- the literals the lane finds trigger lines by -------------------------------------------------------
 
 _OWN_TRIGGERS = [r"(?i)\berr(?:or)?\b\s*\d", r"[Ee]xception: ", r"(?:ab){3}c", r"x{2}\d{2}[yz]", r"\bkv=\d+",
-                 r"(?i)global_step|iter"]
+                 r"(?i)global_step|iter", r"error_count=\d"]  # the last one's literal holds the first one's
+
+
+def _own_lane(triggers: list[list[str]], sync: list[int] = []):  # noqa: B006 - read only
+    native = pytest.importorskip("jobtrace_native")
+    return native.FastLane("srun", 0, 1 << 20, 64, triggers, [f"p{i}" for i in range(len(triggers))],
+                           lambda key, unit: None, sync)
 
 
 def _literals(triggers: list[str]) -> list[bytes] | None:
-    native = pytest.importorskip("jobtrace_native")
-    lane = native.FastLane("srun", 0, 1 << 20, 64, [triggers], ["own"], lambda key, unit: None, [])
-    return lane.filter_literals(False)
+    return _own_lane([triggers]).filter_literals(False)
 
 
 def test_the_lane_finds_trigger_lines_by_literals():
@@ -210,7 +214,7 @@ def test_the_lane_finds_trigger_lines_by_literals():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(["err", "ERR", "Error", "or", " ", "7", "exception: ", "Exception: ", "ab", "c",
-                                 "xx", "12", "y", "kv=", "3", "GLOBAL_STEP", "Iter", "iter", "_", "\t"]),
+                                 "xx", "12", "y", "kv=", "3", "GLOBAL_STEP", "Iter", "iter", "_", "\t", "error_count="]),
                 max_size=12).map("".join))
 def test_every_line_a_trigger_matches_holds_a_literal(line):
     """Sound whatever the line: where a trigger matches (Python's re, as the engine's per-line matcher), one of
@@ -223,6 +227,11 @@ def test_every_line_a_trigger_matches_holds_a_literal(line):
     for t in _OWN_TRIGGERS:
         if re.search(t.encode(), data):
             assert any(lit in data for lit in lits), (t, line, lits)
+    # and each parser's own triggers are checked where their literals are: the lane names the parsers Python does
+    lane = _own_lane([[t] for t in _OWN_TRIGGERS], sync=[1, 3, 5])
+    python = [i for i, t in enumerate(_OWN_TRIGGERS) if re.search(t.encode(), data)]
+    assert lane.line_triggers(data) == python
+    assert lane.line_triggers(data, True) == [i for i in python if i in (1, 3, 5)]
 
 
 # ---- Hugging Face Trainer metric dicts -------------------------------------------------

@@ -314,6 +314,8 @@ struct FastLane {
     cap: usize,
     pending_cap: usize,
     triggers: regex::bytes::RegexSet,
+    /// Each trigger alone: checked on a line where its literals are (see `literals`).
+    single: Vec<regex::bytes::Regex>,
     /// All triggers in one pattern: finds, in one pass over a block, the few lines any parser may want.
     any_trigger: regex::bytes::Regex,
     sync_trigger: regex::bytes::Regex,
@@ -402,10 +404,15 @@ impl FastLane {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let any = any_of(pats.iter())?;
         // the alignment pass looks only for the triggers of parsers whose lines are moments
-        let sync_pats = || pats.iter().zip(&owner).filter(|(_, p)| sync_parsers.contains(p)).map(|(t, _)| t);
-        let sync_any = any_of(sync_pats())?;
-        let any_filter = LineFilter::new(pats.iter());
+        let sync_pats = || pats.iter().enumerate().filter(|(k, _)| sync_parsers.contains(&owner[*k]));
+        let sync_any = any_of(sync_pats().map(|(_, t)| t))?;
+        let any_filter = LineFilter::new(pats.iter().enumerate());
         let sync_filter = LineFilter::new(sync_pats());
+        let single = pats
+            .iter()
+            .map(|p| regex::bytes::RegexBuilder::new(p).unicode(false).build())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let find = |n: &str| names.iter().position(|x| x == n);
         Ok(FastLane {
             srun,
@@ -413,6 +420,7 @@ impl FastLane {
             cap,
             pending_cap,
             triggers: set,
+            single,
             any_trigger: any,
             sync_trigger: sync_any,
             any_filter,
@@ -650,13 +658,7 @@ impl FastLane {
             if self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == at {
                 let raw = &block[at..eol];
                 let mut ids: Ids = Vec::new();
-                for k in self.triggers.matches(raw).iter() {
-                    let p = self.trigger_parser[k];
-                    if self.sync_parsers.contains(&p) && !ids.contains(&p) {
-                        ids.push(p);
-                    }
-                }
-                ids.sort_unstable();
+                self.trigger_ids(raw, true, &mut ids);
                 if !ids.is_empty() {
                     let label = self.label_of(raw);
                     let Some(&domain) = self.sync_domains.get(&label) else {
@@ -723,6 +725,15 @@ impl FastLane {
             self.chunked.resize(out + 1, false);
         }
         self.chunked[out] = true;
+    }
+
+    /// The parsers (numbers) whose triggers match in `raw` as the lane finds them (checked against Python's
+    /// matcher by the tests).
+    #[pyo3(signature = (raw, sync=false))]
+    fn line_triggers(&self, raw: &[u8], sync: bool) -> Ids {
+        let mut ids = Vec::new();
+        self.trigger_ids(raw, sync, &mut ids);
+        ids
     }
 
     /// The literals the lane finds trigger lines by (`None`: it scans with the triggers themselves), for the
@@ -829,6 +840,26 @@ impl FastLane {
         }
     }
 
+    /// The parsers whose triggers match in the line (of those whose lines are moments, in the alignment pass),
+    /// ascending, as the Python engine's chunk scan sees them.
+    fn trigger_ids(&self, raw: &[u8], sync: bool, ids: &mut Ids) {
+        let push = |k: usize| {
+            let p = self.trigger_parser[k];
+            if (!sync || self.sync_parsers.contains(&p)) && !ids.contains(&p) {
+                ids.push(p);
+            }
+        };
+        match if sync { &self.sync_filter } else { &self.any_filter } {
+            Some(f) => {
+                let mut maybe = Vec::new();
+                f.candidates(raw, &mut maybe);
+                maybe.into_iter().filter(|&k| self.single[k].is_match(raw)).for_each(push);
+            }
+            None => self.triggers.matches(raw).iter().for_each(push),
+        }
+        ids.sort_unstable();
+    }
+
     /// The `srun` label of a clean UTF-8 line without NUL bytes (`None` without one) and the text after it.
     fn split_label<'a>(&self, raw: &'a [u8]) -> Result<(Option<u32>, &'a [u8]), GiveBack> {
         if raw.contains(&0) || std::str::from_utf8(raw).is_err() {
@@ -858,14 +889,7 @@ impl FastLane {
     /// Read one line; `Ok(true)`: written (or pending), `Ok(false)`/`Err`: Python's.
     fn line(&mut self, py: Python<'_>, raw: &[u8], hit: bool, ids: &mut Ids) -> Result<bool, GiveBack> {
         if hit {
-            // Which parsers, on the whole line, as the Python engine's chunk scan sees them.
-            for k in self.triggers.matches(raw).iter() {
-                let p = self.trigger_parser[k];
-                if !ids.contains(&p) {
-                    ids.push(p);
-                }
-            }
-            ids.sort_unstable();
+            self.trigger_ids(raw, false, ids);
         }
         let (label, text) = self.split_label(raw)?;
         let Some(&si) = self.by_label.get(&label) else { return Err(GiveBack) };

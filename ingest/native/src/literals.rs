@@ -153,18 +153,24 @@ fn needed(hir: &Hir) -> Option<Vec<Vec<u8>>> {
     }
 }
 
-/// The needed literals of all `patterns` (parsed as the lane compiles them), without those that contain
-/// another (a line holding the longer holds the shorter); `None` when some pattern has none.
-pub fn needed_literals<'a>(patterns: impl Iterator<Item = &'a String>) -> Option<Vec<Vec<u8>>> {
-    let mut all: Vec<Vec<u8>> = Vec::new();
-    for p in patterns {
+/// The needed literals of each pattern (parsed as the lane compiles them); `None` when some pattern has none
+/// (or only single bytes, which are in nearly every line: no better than the regex scan).
+fn needed_sets<'a>(patterns: impl Iterator<Item = (usize, &'a String)>) -> Option<Vec<(usize, Vec<Vec<u8>>)>> {
+    let mut out = Vec::new();
+    for (k, p) in patterns {
         let hir = regex_syntax::ParserBuilder::new().unicode(false).utf8(false).build().parse(p).ok()?;
-        all.extend(needed(&hir)?);
+        let set = needed(&hir)?;
+        if set.iter().any(|s| s.len() < 2 || s.contains(&b'\n')) {
+            return None;
+        }
+        out.push((k, set));
     }
-    // single bytes are in nearly every line: no better than the regex scan
-    if all.is_empty() || all.iter().any(|s| s.len() < 2 || s.contains(&b'\n')) {
-        return None;
-    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// All the literals, without those that contain another (a line holding the longer holds the shorter).
+fn absorbed(sets: &[(usize, Vec<Vec<u8>>)]) -> Vec<Vec<u8>> {
+    let mut all: Vec<Vec<u8>> = sets.iter().flat_map(|(_, s)| s.iter().cloned()).collect();
     all.sort_by(|a, b| a.len().cmp(&b.len()).then(a.cmp(b)));
     all.dedup();
     let mut kept: Vec<Vec<u8>> = Vec::new();
@@ -173,7 +179,7 @@ pub fn needed_literals<'a>(patterns: impl Iterator<Item = &'a String>) -> Option
             kept.push(s);
         }
     }
-    Some(kept)
+    kept
 }
 
 /// Finds the lines that hold any of the needed literals.
@@ -181,16 +187,30 @@ pub struct LineFilter {
     /// the packed (Teddy) searcher itself: the automaton with it as a prefilter walks each candidate bytewise
     ac: Searcher,
     pub literals: Vec<Vec<u8>>,
+    /// for each literal, the patterns (by the caller's numbers) that may match in a line holding it
+    owners: Vec<Vec<usize>>,
 }
 
 impl LineFilter {
-    pub fn new<'a>(patterns: impl Iterator<Item = &'a String>) -> Option<LineFilter> {
-        let lits = needed_literals(patterns)?;
+    /// For `(number, pattern)` pairs.
+    pub fn new<'a>(patterns: impl Iterator<Item = (usize, &'a String)>) -> Option<LineFilter> {
+        let sets = needed_sets(patterns)?;
+        let lits = absorbed(&sets);
         if lits.len() > MAX_SET {
             return None; // past what the packed (Teddy) search takes: no faster than the regex scan
         }
         let ac = Config::new().match_kind(MatchKind::LeftmostFirst).builder().extend(&lits).build()?;
-        Some(LineFilter { ac, literals: lits })
+        // a pattern may match where any literal it needs is, or one that stands in for it (a part of it)
+        let owners = lits
+            .iter()
+            .map(|k| {
+                sets.iter()
+                    .filter(|(_, set)| set.iter().any(|s| memchr::memmem::find(s, k).is_some()))
+                    .map(|(p, _)| *p)
+                    .collect()
+            })
+            .collect();
+        Some(LineFilter { ac, literals: lits, owners })
     }
 
     /// Appends the start offsets of the lines of `block[start..end]` that hold a literal, ascending.
@@ -201,6 +221,20 @@ impl LineFilter {
             let line = memchr::memrchr(b'\n', &block[start..m.start()]).map_or(start, |k| start + k + 1);
             out.push(line);
             at = memchr::memchr(b'\n', &block[m.end()..end]).map_or(end, |k| m.end() + k + 1);
+        }
+    }
+
+    /// Appends (once each) the patterns that may match in `line`: those whose literals it holds. Every
+    /// occurrence counts: no kept literal is part of another, so at most one starts at each byte.
+    pub fn candidates(&self, line: &[u8], out: &mut Vec<usize>) {
+        let mut at = 0;
+        while let Some(m) = self.ac.find_in(line, Span::from(at..line.len())) {
+            for &p in &self.owners[m.pattern().as_usize()] {
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+            at = m.start() + 1;
         }
     }
 }
