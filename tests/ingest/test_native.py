@@ -212,6 +212,43 @@ def test_the_lane_finds_trigger_lines_by_literals():
     assert _literals([r"\d+"]) is None and _literals([r"x*"]) is None and _literals([r"(?i)step|\w"]) is None
 
 
+def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
+    """A user's parser whose trigger needs no literal of two bytes (it matches nearly anywhere): the lane finds
+    trigger lines with the triggers themselves, gives that parser's lines back, and writes what Python writes."""
+    from ingest import IngestConfig, Ingestor, MemorySink
+    from ingest.parsers import builtin_registry
+    from ingest.parsers import _util
+
+    class Speedup:
+        name = "speedup"
+        triggers = (r"\d+\.\d+x",)
+
+        def parse(self, line):
+            return [{"kind": "metric", "metrics": {"speedup": float(line.text.rsplit(" ", 1)[-1].rstrip("x"))}}]
+
+    path = tmp_path / "mix.log"
+    bench_module().make_log(path, 3000)
+    with path.open("a") as f:
+        f.write("".join(f"{r}: 2026-01-05 12:10:00,000 - INFO - perf - speedup {r}.5x\n" for r in range(8)))
+    runs = {}
+    for native in (True, False):
+        reg = builtin_registry()
+        reg.register(Speedup())
+        sinks: dict = {}
+        _util.set_span_id_counter(1)
+        ing = Ingestor(IngestConfig(job="own", native=native),
+                       lambda n, r: sinks.setdefault((n, r), MemorySink()), reg)
+        if native:
+            lane = ing._new_lane("srun")
+            if lane is None:
+                pytest.skip("the compiled lane is not built")
+            assert lane.filter_literals(False) is None and lane.filter_literals(True) is not None
+        summary = ing.run([str(path)])
+        runs[native] = (summary, {k: list(v.lines) for k, v in sinks.items()})
+    assert runs[True][0].fast_lane and runs[True][0].lines_by_parser["speedup"] == 8
+    assert runs[True][1] == runs[False][1]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(["err", "ERR", "Error", "or", " ", "7", "exception: ", "Exception: ", "ab", "c",
                                  "xx", "12", "y", "kv=", "3", "GLOBAL_STEP", "Iter", "iter", "_", "\t", "error_count="]),

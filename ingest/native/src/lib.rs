@@ -313,12 +313,13 @@ struct FastLane {
     tz_offset_s: i64,
     cap: usize,
     pending_cap: usize,
-    triggers: regex::bytes::RegexSet,
+    /// All triggers at once, and in one pattern (for all parsers, for those of the alignment pass): where
+    /// a trigger needs no literal (`any_filter`, `sync_filter` are `None`), how trigger lines are found.
+    triggers: Option<regex::bytes::RegexSet>,
     /// Each trigger alone: checked on a line where its literals are (see `literals`).
     single: Vec<regex::bytes::Regex>,
-    /// All triggers in one pattern: finds, in one pass over a block, the few lines any parser may want.
-    any_trigger: regex::bytes::Regex,
-    sync_trigger: regex::bytes::Regex,
+    any_trigger: Option<regex::bytes::Regex>,
+    sync_trigger: Option<regex::bytes::Regex>,
     /// The same found through the literals the triggers need (see `literals`), where they have some.
     any_filter: Option<LineFilter>,
     sync_filter: Option<LineFilter>,
@@ -398,16 +399,19 @@ impl FastLane {
         }
         // ASCII classes and word boundaries, as Hyperscan matches the triggers in the Python engine
         // (and what keeps the pattern in the fast automata: Unicode \b is not).
-        let set = regex::bytes::RegexSetBuilder::new(&pats)
-            .unicode(false)
-            .build()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let any = any_of(pats.iter())?;
         // the alignment pass looks only for the triggers of parsers whose lines are moments
         let sync_pats = || pats.iter().enumerate().filter(|(k, _)| sync_parsers.contains(&owner[*k]));
-        let sync_any = any_of(sync_pats().map(|(_, t)| t))?;
         let any_filter = LineFilter::new(pats.iter().enumerate());
         let sync_filter = LineFilter::new(sync_pats());
+        // the regex scan, only where the triggers need no literal (each costs milliseconds to build)
+        let any = if any_filter.is_none() { Some(any_of(pats.iter())?) } else { None };
+        let sync_any = if sync_filter.is_none() { Some(any_of(sync_pats().map(|(_, t)| t))?) } else { None };
+        let set = if any_filter.is_none() || sync_filter.is_none() {
+            let set = regex::bytes::RegexSetBuilder::new(&pats).unicode(false).build();
+            Some(set.map_err(|e| PyValueError::new_err(e.to_string()))?)
+        } else {
+            None
+        };
         let single = pats
             .iter()
             .map(|p| regex::bytes::RegexBuilder::new(p).unicode(false).build())
@@ -829,6 +833,7 @@ impl FastLane {
         let mut last_line = usize::MAX;
         let region = &block[start..end];
         let rx = if sync { &self.sync_trigger } else { &self.any_trigger };
+        let rx = rx.as_ref().expect("a regex scan where the triggers need no literal");
         for m in rx.find_iter(region) {
             // the line holding the match's last byte (a match never ends on a newline it did not cross)
             let at = m.end().saturating_sub(1).max(m.start());
@@ -855,7 +860,10 @@ impl FastLane {
                 f.candidates(raw, &mut maybe);
                 maybe.into_iter().filter(|&k| self.single[k].is_match(raw)).for_each(push);
             }
-            None => self.triggers.matches(raw).iter().for_each(push),
+            None => {
+                let set = self.triggers.as_ref().expect("a regex set where the triggers need no literal");
+                set.matches(raw).iter().for_each(push)
+            }
         }
         ids.sort_unstable();
     }
