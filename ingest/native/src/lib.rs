@@ -25,7 +25,7 @@
 //! read a line: `tests/ingest/test_native.py` and every other ingest test compare the two
 //! engines' output byte for byte.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -448,19 +448,19 @@ impl FastLane {
             ds_timers_rx: regex::Regex::new(r"time \(ms\)((?: \| [\w.-]+: [-\d.]+(?: \([^)]*\))?)+)").unwrap(),
             ds_item_rx: regex::Regex::new(r"([\w.-]+): ([-\d.]+)").unwrap(),
             streams: Vec::new(),
-            by_label: HashMap::new(),
+            by_label: HashMap::default(),
             outs: Vec::new(),
             chunked: Vec::new(),
-            roles: HashMap::new(),
+            roles: HashMap::default(),
             role_fn: role,
             next_span_id: 1,
             counts: Counts::default(),
             sync: Vec::new(),
-            sync_domains: HashMap::new(),
-            main_domains: HashMap::new(),
+            sync_domains: HashMap::default(),
+            main_domains: HashMap::default(),
             sync_parsers,
-            sync_days: HashMap::new(),
-            sync_layouts: HashMap::new(),
+            sync_days: HashMap::default(),
+            sync_layouts: HashMap::default(),
         })
     }
 

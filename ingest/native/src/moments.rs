@@ -6,7 +6,7 @@
 //! store then holds exactly what `SyncMoments` would. `tests/ingest/test_align.py` checks the
 //! two against each other.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList};
@@ -39,7 +39,7 @@ impl MomentStore {
     #[new]
     #[pyo3(signature = (cap = 4096))]
     fn new(cap: usize) -> Self {
-        MomentStore { cap: cap.max(1), domains: Vec::new(), by_name: HashMap::new(), used: 0 }
+        MomentStore { cap: cap.max(1), domains: Vec::new(), by_name: HashMap::default(), used: 0 }
     }
 
     /// The number the lane knows a domain by.
@@ -47,7 +47,7 @@ impl MomentStore {
         if let Some(&d) = self.by_name.get(name) {
             return d;
         }
-        self.domains.push(Domain { name: name.to_string(), stride: 1, keys: HashMap::new(), order: Vec::new(), listed: false });
+        self.domains.push(Domain { name: name.to_string(), stride: 1, keys: HashMap::default(), order: Vec::new(), listed: false });
         self.by_name.insert(name.to_string(), self.domains.len() - 1);
         self.domains.len() - 1
     }
