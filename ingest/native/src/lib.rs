@@ -368,6 +368,9 @@ struct GiveBack;
 
 type Ids = Vec<usize>;
 
+/// A line to give back: its start and end in the block, `srun` label, and the parsers its triggers name.
+type GivenBack = (usize, usize, Option<u32>, Ids);
+
 #[pymethods]
 impl FastLane {
     /// `triggers[i]` are parser `i`'s trigger patterns (registry order); `role` is the
@@ -602,7 +605,7 @@ impl FastLane {
         start: usize,
         pos: usize,
         end: usize,
-    ) -> PyResult<Option<(usize, usize, Option<u32>, Ids)>> {
+    ) -> PyResult<Option<GivenBack>> {
         let n = check_region(block, start, pos, end)?;
         if pos == start {
             self.find_hit_lines(block, start, n, false);
@@ -1536,20 +1539,23 @@ impl FastLane {
                 None => false,
             };
             let own_span: Option<String>;
-            let s = if step.is_none() || timed {
-                let base = match step {
-                    Some(v) => v,
-                    None => get_int(state, "timer_step")?.unwrap_or(-1),
-                };
-                own_span = None;
-                base + 1
-            } else {
-                own_span = match state.get_item("span").map_err(|_| GiveBack)? {
-                    None => None,
-                    Some(v) if v.is_none() => None,
-                    Some(v) => Some(v.extract::<String>().map_err(|_| GiveBack)?),
-                };
-                step.unwrap()
+            let s = match step {
+                Some(v) if !timed => {
+                    own_span = match state.get_item("span").map_err(|_| GiveBack)? {
+                        None => None,
+                        Some(v) if v.is_none() => None,
+                        Some(v) => Some(v.extract::<String>().map_err(|_| GiveBack)?),
+                    };
+                    v
+                }
+                _ => {
+                    own_span = None;
+                    let base = match step {
+                        Some(v) => v,
+                        None => get_int(state, "timer_step")?.unwrap_or(-1),
+                    };
+                    base + 1
+                }
             };
             let ms = 1e6;
             let allreduce = get("bwd_allreduce").unwrap_or(0.0);
@@ -1562,7 +1568,7 @@ impl FastLane {
                 ("optimizer", "phase", get("step").unwrap_or(0.0), false),
             ] {
                 let x = v * ms;
-                if !(x.abs() < 9e18) {
+                if x.is_nan() || x.abs() >= 9e18 {
                     return Err(GiveBack);
                 }
                 parts.push((name, cat, x as i64, coll));
@@ -1769,7 +1775,7 @@ impl FastLane {
                     }
                 }
                 Role::StepDur(scale) | Role::Phase(_, scale) | Role::Collective(_, scale)
-                    if !(value == value && value.abs() < 1e12) || value * scale <= -1.0 =>
+                    if value.is_nan() || value.abs() >= 1e12 || value * scale <= -1.0 =>
                 {
                     let _ = scale; // `int(value * scale)` is None or negative: the pair is skipped
                 }
@@ -1820,8 +1826,7 @@ impl FastLane {
             spans += 1;
             let total: i64 = phases.iter().filter(|p| p.2 > 0).map(|p| p.2).sum();
             let mut rel = -total;
-            let mut k = 1;
-            for (name, coll, dur) in phases.iter().filter(|p| p.2 > 0) {
+            for (k, (name, coll, dur)) in phases.iter().filter(|p| p.2 > 0).enumerate().map(|(i, p)| (i + 1, p)) {
                 buf.extend_from_slice(&open);
                 buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":");
                 buf.extend_from_slice(if *coll { b"\"collective\"" } else { b"\"phase\"" });
@@ -1849,7 +1854,6 @@ impl FastLane {
                 push_int(buf, ts + rel + dur + offset);
                 buf.extend_from_slice(b"}\n");
                 rel += dur;
-                k += 1;
                 spans += 1;
             }
             self.sync.push((label, step, t));
