@@ -16,7 +16,12 @@
 //! * lines with no timestamp that wait for the stream's next one, as the Python engine's
 //!   pending lines do: a `print` (no trigger), an NCCL INFO/WARN line, a tqdm refresh, a
 //!   Hugging Face Trainer metric dict (`{'loss': 2.3456, 'learning_rate': 4.5e-05, …}`);
-//! * in the clock-alignment pass, the moments of generic step, DeepSpeed and Megatron lines.
+//! * in the clock-alignment pass, the moments of generic step, DeepSpeed and Megatron lines,
+//!   kept here (`moments::MomentStore`, `SyncMoments`' rules) rather than handed over one by one.
+//!
+//! Trigger lines are found by the literals every trigger needs (`literals`: derived from the
+//! triggers' syntax, searched for all at once), then checked against just the triggers whose
+//! literals they hold.
 //!
 //! A line is given back when anything about it is unusual (another layout, a new stream,
 //! a stream whose multi-line block or pending lines Python holds, text outside printable
