@@ -41,7 +41,8 @@ class SyncMoments:
 
     def add(self, domain: str, step: int, ts: int) -> None:
         # only step numbers are moments every rank shares; both fit in 64 bits (as the lane's MomentStore keeps them)
-        if type(step) is not int or type(ts) is not int or not (_I64_MIN <= step <= _I64_MAX and _I64_MIN <= ts <= _I64_MAX):
+        if (type(step) is not int or type(ts) is not int
+                or not (_I64_MIN <= step <= _I64_MAX and _I64_MIN <= ts <= _I64_MAX)):
             return
         stride = self._strides.get(domain, 1)
         if step % stride:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
+yaml = pytest.importorskip("yaml", reason="PyYAML (dev extra) reads the compose files")
 
 HERE = Path(__file__).resolve().parents[2] / "deploy" / "elastic"
 

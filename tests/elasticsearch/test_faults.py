@@ -39,7 +39,7 @@ def count(url: str, job: str) -> int:
 @pytest.mark.torchjob
 def test_node_down_during_a_real_job_loses_nothing_and_duplicates_nothing(private_opensearch, tmp_path):
     """The node stops while ranks ship and comes back on the same data: every event arrives exactly once."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
     from tests.elasticsearch.test_torch_jobs import replay_spools, run_demo
 
     node, job, ns = private_opensearch, "es-node-down", "faults"

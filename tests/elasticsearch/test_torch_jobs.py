@@ -30,7 +30,7 @@ from tests.elasticsearch.conftest import (
 )
 
 pytestmark = pytest.mark.torchjob
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 
 
 def run_demo(url: str, namespace: str, data_dir: Path, **cfg: Any) -> int:

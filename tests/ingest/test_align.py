@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest import estimate_offsets
+from tests.ingest.paths import NOT_BUILT
 
 T0 = datetime(2026, 1, 5, 12, 0, 0, tzinfo=timezone.utc)
 OFFSETS_MS = {"node-a": 0.0, "node-b": 250.0, "node-c": -1300.0, "node-d": 37.4}
@@ -122,7 +123,7 @@ class TestBoundedMoments:
 def test_the_lanes_store_keeps_what_sync_moments_keep(cap, moments):
     """The compiled store the lane adds its moments to holds exactly what ``SyncMoments`` holds, whatever comes:
     the same steps per domain past the cap (strides), and no non-step, too large step or time."""
-    native = pytest.importorskip("jobtrace_native")
+    native = pytest.importorskip("jobtrace_native", reason=NOT_BUILT)
     from ingest._align import SyncMoments
 
     py, rs = SyncMoments(cap=cap), native.MomentStore(cap)

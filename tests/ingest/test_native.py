@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.ingest import fixtures as fx
-from tests.ingest.paths import assert_paths_agree
+from tests.ingest.paths import NOT_BUILT, assert_paths_agree
 from tests.ingest.test_plain import bench_module, plain, write
 
 if os.environ.get("CI"):
     import jobtrace_native  # noqa: F401 - CI builds the lane: its absence must fail, not skip
 else:
-    pytest.importorskip("jobtrace_native")
+    pytest.importorskip("jobtrace_native", reason=NOT_BUILT)
 
 
 def step(n: int, rest: str, stamp: str = "2026-01-05 12:00:00,250") -> str:
@@ -187,10 +187,10 @@ _OWN_TRIGGERS = [r"(?i)\berr(?:or)?\b\s*\d", r"[Ee]xception: ", r"(?:ab){3}c", r
                  r"(?i)global_step|iter", r"error_count=\d"]  # the last one's literal holds the first one's
 
 
-def _own_lane(triggers: list[list[str]], sync: list[int] = []):  # noqa: B006 - read only
-    native = pytest.importorskip("jobtrace_native")
+def _own_lane(triggers: list[list[str]], sync: tuple[int, ...] = ()):
+    native = pytest.importorskip("jobtrace_native", reason=NOT_BUILT)
     return native.FastLane("srun", 0, 1 << 20, 64, triggers, [f"p{i}" for i in range(len(triggers))],
-                           lambda key, unit: None, sync)
+                           lambda key, unit: None, list(sync))
 
 
 def _literals(triggers: list[str]) -> list[bytes] | None:
@@ -204,7 +204,7 @@ def test_the_lane_finds_trigger_lines_by_literals():
 
     lane = Ingestor(IngestConfig(job="lits"), lambda node, rank: None)._new_lane("srun")
     if lane is None:
-        pytest.skip("the compiled lane is not built")
+        pytest.skip(NOT_BUILT)
     main, sync = lane.filter_literals(False), lane.filter_literals(True)
     assert main is not None and sync is not None and set(sync) <= set(main)
     assert b"] NCCL " in main and b"ste" in main and b"Ste" in main  # the case-insensitive step trigger
@@ -241,7 +241,7 @@ def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
         if native:
             lane = ing._new_lane("srun")
             if lane is None:
-                pytest.skip("the compiled lane is not built")
+                pytest.skip(NOT_BUILT)
             assert lane.filter_literals(False) is None and lane.filter_literals(True) is not None
         summary = ing.run([str(path)])
         runs[native] = (summary, {k: list(v.lines) for k, v in sinks.items()})
@@ -265,7 +265,7 @@ def test_every_line_a_trigger_matches_holds_a_literal(line):
         if re.search(t.encode(), data):
             assert any(lit in data for lit in lits), (t, line, lits)
     # and each parser's own triggers are checked where their literals are: the lane names the parsers Python does
-    lane = _own_lane([[t] for t in _OWN_TRIGGERS], sync=[1, 3, 5])
+    lane = _own_lane([[t] for t in _OWN_TRIGGERS], sync=(1, 3, 5))
     python = [i for i, t in enumerate(_OWN_TRIGGERS) if re.search(t.encode(), data)]
     assert lane.line_triggers(data) == python
     assert lane.line_triggers(data, True) == [i for i in python if i in (1, 3, 5)]

@@ -171,7 +171,7 @@ class TestHuggingFace:
 
 class TestTorchDistributed:
     def test_elastic_failure_summary_names_root_cause(self, ingest_files):
-        pytest.importorskip("torch")
+        pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
         text = fx.child_failed_error("train.py", {2: (2, 4242, 1), 3: (3, 4243, -15)})
         lines = [fx.python_default_logging("ERROR", "torch.distributed.elastic.multiprocessing.api",
                                            "failed (exitcode: 1) local_rank: 2 (pid: 4242) of binary: /usr/bin/python")]

@@ -45,7 +45,7 @@ def test_steps_longer_than_the_interval_are_each_sampled_and_zero_samples_every_
 
 def test_the_sample_is_this_process_rss():
     (sample,) = run_steps(0.1, [1.0])
-    psutil = pytest.importorskip("psutil")
+    psutil = pytest.importorskip("psutil", reason="psutil (dev extra) reads the process memory")
     rss = sample[3]["rss_bytes"]
     assert abs(rss - psutil.Process().memory_info().rss) < 0.05 * rss and rss > 1 << 20
 

@@ -954,6 +954,14 @@ impl FastLane {
         Some((base + num(h.frac) * FRAC_SCALE[h.frac.len()], day))
     }
 
+    /// A DeepSpeed head (`[date time,frac] [LEVEL] [file:line:func]`), its time (UTC ns) and epoch day.
+    fn ds_stamp<'a>(&self, text: &'a [u8]) -> Option<(DsHead<'a>, i64, i64)> {
+        let h = ds_head(text)?;
+        let (day, sod) = day_and_second(h.date, h.tod)?;
+        let frac = if h.frac.is_empty() { 0 } else { num(h.frac) * FRAC_SCALE[h.frac.len()] };
+        Some((h, (day * 86400 + sod - self.tz_offset_s) * 1_000_000_000 + frac, day))
+    }
+
     /// Lines without a timestamp wait for the stream's next one (`upto`); then they get times spread between.
     fn release(&mut self, si: usize, upto: i64) {
         let s = &self.streams[si];
@@ -1225,7 +1233,7 @@ impl FastLane {
         }
         let (ts, day, body_at) = megatron_head(text, self.tz_offset_s).ok_or(GiveBack)?;
         let body = &text[body_at..];
-        if body.len() > self.cap || !body.iter().all(|&c| (0x20..0x7f).contains(&c)) {
+        if body.len() > self.cap || !printable(body) {
             return Err(GiveBack);
         }
         let body_s = std::str::from_utf8(body).map_err(|_| GiveBack)?;
@@ -1354,12 +1362,8 @@ impl FastLane {
                 return Err(GiveBack);
             }
         }
-        let h = ds_head(text).ok_or(GiveBack)?;
-        let (day, sod) = day_and_second(h.date, h.tod).ok_or(GiveBack)?;
-        let frac = if h.frac.is_empty() { 0 } else { num(h.frac) * FRAC_SCALE[h.frac.len()] };
-        let ts = (day * 86400 + sod - self.tz_offset_s) * 1_000_000_000 + frac;
+        let (h, ts, day) = self.ds_stamp(text).ok_or(GiveBack)?;
         let body = &text[h.body_at..];
-        let printable = |b: &[u8]| b.iter().all(|&c| (0x20..0x7f).contains(&c));
         if body.len() > self.cap || !printable(body) || !printable(h.logger) {
             return Err(GiveBack);
         }
@@ -1637,12 +1641,9 @@ impl FastLane {
             {
                 return Err(GiveBack);
             }
-            let h = ds_head(text).ok_or(GiveBack)?;
-            let (day, sod) = day_and_second(h.date, h.tod).ok_or(GiveBack)?;
-            let frac = if h.frac.is_empty() { 0 } else { num(h.frac) * FRAC_SCALE[h.frac.len()] };
-            let ts = (day * 86400 + sod - self.tz_offset_s) * 1_000_000_000 + frac;
+            let (h, ts, day) = self.ds_stamp(text).ok_or(GiveBack)?;
             let body = &text[h.body_at..];
-            if !body.iter().all(|&c| (0x20..0x7f).contains(&c)) {
+            if !printable(body) {
                 return Err(GiveBack);
             }
             let body = std::str::from_utf8(body).map_err(|_| GiveBack)?;
@@ -2312,6 +2313,11 @@ struct DsHead<'a> {
 }
 
 /// The "deepspeed" head layout: `\[DATE TIME(?:[.,]\d{1,9})?\] \[(?P<level>[A-Z]+)\] \[(?P<logger>[^\]]*)\] ?`.
+/// Printable ASCII only (where Python's and Rust's character classes agree).
+fn printable(b: &[u8]) -> bool {
+    b.iter().all(|&c| (0x20..0x7f).contains(&c))
+}
+
 fn ds_head(t: &[u8]) -> Option<DsHead<'_>> {
     if !(t.first() == Some(&b'[') && digits(t, 1, 4) && t.get(5) == Some(&b'-') && digits(t, 6, 2)
         && t.get(8) == Some(&b'-') && digits(t, 9, 2) && t.get(11) == Some(&b' ') && digits(t, 12, 2)
