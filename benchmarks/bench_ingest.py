@@ -12,9 +12,11 @@ lines, Megatron iteration lines, Hugging Face dicts and tqdm refreshes, headless
 * a bare Python loop over the lines doing what the engine's regexes do (head
   layout match plus the combined trigger search with ``re``): the "plain regex loop";
 * the ingest, Hyperscan matching, to a null sink and to the embedded store, as a user
-  runs it (with the compiled fast lane, ``ingest/native``, where it is built); the null
-  sink takes several lines per item as the store does, and once one line per item as the
-  network shippers take them;
+  runs it (with the compiled fast lane, ``ingest/native``, where it is built, and the
+  allocator thresholds the ``ingest`` command sets, ``ingest/_allocator.py``); the null
+  sink takes several lines per item as the store does, once one line per item as the
+  network shippers take them, and once with glibc's default thresholds (page faults
+  printed beside);
 * the same to a null sink with the Python engine alone (``native=False``);
 * the Python engine with the plain-line fast path off (``plain_fast_path=False``: every
   line through the general per-line path, as before the fast path);
@@ -163,10 +165,16 @@ def grep_floor(path: Path) -> float | None:
 def run_ingest_child(path: str, mode: str) -> dict[str, float]:
     """Runs in a fresh process so its peak memory is its own."""
     from ingest import IngestConfig, Ingestor, MemorySink, open_sink
+    from ingest._allocator import keep_freed_memory
+
+    if mode != "null-malloc-defaults":
+        keep_freed_memory()  # as the ingest command does
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     class Null(MemorySink):
         # Takes several lines per item, as the embedded store does ("null-lines": one line per item,
-        # as the network shippers take them).
+        # as the network shippers take them; "null-malloc-defaults": glibc's default thresholds, as a
+        # library call in someone else's process gets them).
         takes_chunks = mode != "null-lines"
 
         def write(self, lines):  # noqa: ANN001
@@ -181,13 +189,14 @@ def run_ingest_child(path: str, mode: str) -> dict[str, float]:
             factory = lambda node, rank: Null()  # noqa: E731
         # "null"/"store": as a user runs it (the compiled lane when built); the others: the Python engine alone.
         config = IngestConfig(job="bench", use_hyperscan=use_hs, plain_fast_path=mode != "general",
-                              native=None if mode in ("null", "null-lines", "store") else False)
+                              native=None if mode in ("null", "null-lines", "null-malloc-defaults", "store") else False)
         t0, c0 = time.perf_counter(), time.process_time()
         s = Ingestor(config, factory).run([path])
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         return {"seconds": dt, "cpu_seconds": cpu, "lines": s.lines, "events": sum(s.events.values()),
                 "matcher": s.matcher + (" + compiled lane" if s.fast_lane else ""),
-                "skipped": s.skipped_total, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+                "skipped": s.skipped_total, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0}
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
@@ -218,12 +227,12 @@ def main() -> None:
         if g:
             results["grep_c_lines_per_s"] = round(n / g)
         results["bare_regex_loop_lines_per_s"] = round(n / bare_regex_loop(big))
-        for mode in ("null", "null-lines", "python", "general", "store", "re"):
+        for mode in ("null", "null-lines", "null-malloc-defaults", "python", "general", "store", "re"):
             r = child(big, mode)
             results[f"ingest_{mode}"] = {"lines_per_s": round(r["lines"] / r["cpu_seconds"]),
                                          "wall_lines_per_s": round(r["lines"] / r["seconds"]),
                                          "cpu_seconds": round(r["cpu_seconds"], 2),
-                                         "events": r["events"], "matcher": r["matcher"],
+                                         "events": r["events"], "matcher": r["matcher"], "page_faults": r["page_faults"],
                                          "peak_rss_mb": round(r["peak_rss_mb"], 1)}
         results["peak_rss_mb_quarter_input"] = round(child(small, "null")["peak_rss_mb"], 1)
         results["peak_rss_mb_quarter_input_store"] = round(child(small, "store")["peak_rss_mb"], 1)
@@ -244,13 +253,15 @@ def main() -> None:
         print(f"  grep -c (I/O floor)                 {results['grep_c_lines_per_s']:>12,} lines/s")
     print(f"  bare Python regex loop (baseline)    {results['bare_regex_loop_lines_per_s']:>12,} lines/s")
     for mode, label in (("null", "ingest, null sink"), ("null-lines", "ingest, null sink, a line per item"),
+                        ("null-malloc-defaults", "the same, glibc's malloc defaults"),
                         ("python", "ingest, Python engine only, null sink"),
                         ("general", "ingest, general path only, null sink"),
                         ("store", "ingest → embedded store"), ("re", "ingest, re matching, null sink")):
         r = results[f"ingest_{mode}"]
         assert isinstance(r, dict)
         print(f"  {label:<36} {r['lines_per_s']:>12,} lines/s  ({r['cpu_seconds']} CPU s, wall "
-              f"{r['wall_lines_per_s']:,} lines/s, {r['events']:,} events, {r['matcher']}, peak {r['peak_rss_mb']} MB)")
+              f"{r['wall_lines_per_s']:,} lines/s, {r['events']:,} events, {r['matcher']}, peak {r['peak_rss_mb']} MB, "
+              f"{r['page_faults']:,} page faults)")
     for key, mode in (("peak_rss_mb_quarter_input", "null"), ("peak_rss_mb_quarter_input_store", "store")):
         print(f"  peak memory, {mode} sink, a quarter of the input: {results[key]} MB "
               f"(full input: {results[f'ingest_{mode}']['peak_rss_mb']} MB)")  # type: ignore[index]

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from jobtrace.errors import JobtraceError
 
+from ._allocator import keep_freed_memory
 from ._engine import IngestConfig, Ingestor, IngestSummary
 from ._sinks import SINK_KINDS, open_sink
 
@@ -143,6 +144,7 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
 def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
+    keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see _allocator)
     if not show:
         ing = Ingestor(cfg, factory)
         return _with_sigint(ing, paths)

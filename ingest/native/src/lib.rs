@@ -661,36 +661,35 @@ impl FastLane {
             self.find_hit_lines(block, start, n, true);
         }
         let mut store = store.borrow_mut();
-        let mut at = pos;
-        loop {
+        // only the trigger lines can hold moments: the lane goes from one to the next, past all the others
+        while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < pos {
+            self.hit_at += 1;
+        }
+        let mut ids: Ids = Vec::new();
+        while let Some(&at) = self.hit_lines.get(self.hit_at) {
+            self.hit_at += 1;
             let eol = memchr::memchr(b'\n', &block[at..n]).map_or(n, |k| at + k);
-            while self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] < at {
-                self.hit_at += 1;
+            let raw = &block[at..eol];
+            ids.clear();
+            self.trigger_ids(raw, true, &mut ids);
+            if ids.is_empty() {
+                continue;
             }
-            if self.hit_at < self.hit_lines.len() && self.hit_lines[self.hit_at] == at {
-                let raw = &block[at..eol];
-                let mut ids: Ids = Vec::new();
-                self.trigger_ids(raw, true, &mut ids);
-                if !ids.is_empty() {
-                    let label = self.label_of(raw);
-                    let Some(&domain) = self.sync_domains.get(&label) else {
-                        return Ok(Some((at, eol, label, None, None)));
-                    };
-                    match self.sync_line(raw, &ids) {
-                        Ok(Some((_, step, ts))) => store.add_id(domain, step, ts),
-                        Ok(None) => {}
-                        Err(GiveBack) => {
-                            let day = self.sync_days.remove(&label);
-                            return Ok(Some((at, eol, label, Some(ids), day)));
-                        }
-                    }
+            let label = self.label_of(raw);
+            let Some(&domain) = self.sync_domains.get(&label) else {
+                self.hit_at -= 1; // read again from this line once Python has named its domain
+                return Ok(Some((at, eol, label, None, None)));
+            };
+            match self.sync_line(raw, &ids) {
+                Ok(Some((_, step, ts))) => store.add_id(domain, step, ts),
+                Ok(None) => {}
+                Err(GiveBack) => {
+                    let day = self.sync_days.remove(&label);
+                    return Ok(Some((at, eol, label, Some(ids), day)));
                 }
             }
-            if eol >= n {
-                return Ok(None);
-            }
-            at = eol + 1;
         }
+        Ok(None)
     }
 
     /// At the end of the file: write the lines still waiting for a time at the stream's last time (or the
