@@ -102,6 +102,14 @@ def _dump_flight_recorder(directory: str, rank: int) -> None:
     threading.Thread(target=loop, name="fr-dump", daemon=True).start()
 
 
+def make_model(hidden: int) -> torch.nn.Module:
+    """The demo's MLP (also what ``benchmarks/bench_overhead.py`` times)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    )
+
+
 def _grad(p: torch.nn.Parameter) -> torch.Tensor:
     """The gradient ``backward()`` just computed: every parameter of the model takes part in the loss."""
     assert p.grad is not None
@@ -113,17 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     node = f"node{rank // args.ranks_per_node}" if args.ranks_per_node else None
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if os.environ.get("DEMO_NO_TRACING") != "1":  # the overhead benchmark's baseline
-        oi.init_tracing(node=node)  # the one line
+    oi.init_tracing(node=node)  # the one line
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("DEMO_PG_TIMEOUT", "600"))))
     world = dist.get_world_size()
     torch.manual_seed(1234 + rank)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, args.hidden),
-        torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1),
-    )
+    model = make_model(args.hidden)
     # Start from identical weights on every rank, as DDP would.
     for p in model.parameters():
         dist.broadcast(p.data, src=0)
@@ -133,12 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         _dump_flight_recorder(args.fr_dump_dir, rank)
     leaked: list[torch.Tensor] = []
 
-    step_times: list[float] = []
-    warm_from = args.steps // 5
-    cpu0 = time.process_time()
     for i in range(args.steps):
-        if i == warm_from:
-            cpu0 = time.process_time()
         t0 = time.perf_counter()
         with oi.step(i):
             with oi.phase("data"):
@@ -182,17 +181,11 @@ def main(argv: list[str] | None = None) -> None:
                 grad_norm = float(grads.norm())
                 opt.step()
         elapsed = time.perf_counter() - t0
-        step_times.append(elapsed)
         oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)
         log.info("step %d loss %.4f grad_norm %.3f", i, float(loss), grad_norm)
 
-    cpu_per_step = (time.process_time() - cpu0) / max(1, args.steps - warm_from)  # all threads: export included
     dist.barrier()
     dist.destroy_process_group()
-    warm = sorted(step_times[warm_from:])
-    if warm:
-        print(f"DEMO_STEP_MEDIAN_US rank={rank} {warm[len(warm) // 2] * 1e6:.1f} cpu {cpu_per_step * 1e6:.1f}",
-              flush=True)
     log.info("rank %d done", rank)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from jobtrace.events import decode, encode_lines
 from otel_instrumentation._identity import resolve_identity
-from otel_instrumentation._recorder import _LOG, _SPAN, Recorder
+from otel_instrumentation._recorder import _LOG, _METRIC, _SPAN, Recorder
 
 
 @pytest.fixture
@@ -38,6 +38,39 @@ SPANS = [
      {"op": "all_reduce", "group": "default", "seq": 9, "bytes": 1 << 24, "group_size": 8, "async": False}),
     (_SPAN, 0xABF, None, "user span ü", "user", 1, 2, None, {"tags": {"x", "y"} and ["x"], "nested": {"k": [1, 2.5]}}),
 ]
+
+METRICS = [
+    (_METRIC, 1767225600123456789, 7, {"loss": 2.5, "lr": 1e-4, "tokens": 4096}, 0xABC),
+    (_METRIC, 10, None, {"loss": float("nan"), "g": float("inf"), "h": -float("inf")}, None),
+    (_METRIC, 10, 3, {"flag": True, "big": 2**70, "x": 1}, None),  # bool as int; an int JSON cannot hold
+    (_METRIC, 10, 3, {"odd": object(), "s": "text"}, None),  # written as text by the general path
+    (_METRIC, 10, 3.5, {"loss": 1.0}, None),  # non-int step
+    (_METRIC, 10, 3, {1: 1.0}, None),  # non-str key
+]
+
+
+def _metric_with_tensors():
+    torch = pytest.importorskip("torch", reason="tensor metric values need torch")
+    np = pytest.importorskip("numpy", reason="numpy scalar metric values")
+    return (_METRIC, 10, 4, {"loss": torch.tensor(0.25, requires_grad=True).detach(), "n": torch.tensor(3),
+                             "np": np.float32(0.5), "nan": torch.tensor(float("nan"))}, 0x1)
+
+
+@pytest.mark.parametrize("item", METRICS, ids=lambda i: f"metric-{sorted(map(str, i[3]))}")
+def test_metric_fast_path_bytes_equal_the_general_path(rec, item):
+    """Byte for byte what the general path (a dict, scrubbed or an error event where JSON cannot hold it) writes."""
+    line, general = rec.encode_batch([item])[0], rec._encode_general(item)
+    if orjson.loads(general)["kind"] == "log":  # an error event saying why: stamped when written
+        assert [orjson.loads(x) | {"ts": 0} for x in (line, general)] == [orjson.loads(general) | {"ts": 0}] * 2
+    else:
+        assert line == general
+
+
+def test_metric_tensors_fast_path_equals_the_general_path(rec):
+    item = _metric_with_tensors()
+    line = rec.encode_batch([item])[0]
+    assert line == _general(rec, item)
+    assert orjson.loads(line)["metrics"] == {"loss": 0.25, "n": 3, "np": 0.5, "nan": "NaN"}
 
 
 @pytest.mark.parametrize("item", LOGS + SPANS, ids=lambda i: f"{i[0]}-{i[3]}")
