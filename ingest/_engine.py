@@ -223,6 +223,7 @@ class Ingestor:
         self._sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]
         if config.use_hyperscan:
             self._matcher  # noqa: B018 - required: say now, not mid-ingest, that Hyperscan is missing
+        self._lanes: dict[str, Any] = {}  # the first lane made for each prefix mode (see _new_lane)
         self._sync_ids = frozenset(i for i, p in enumerate(self._parsers)
                                    if getattr(p, "sync_points", False) and hasattr(p, "sync_step"))
         self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
@@ -697,7 +698,15 @@ class Ingestor:
 
     # ---- the compiled fast lane (see ._lane) --------------------------------------------
     def _new_lane(self, mode: str) -> Any:
-        return new_lane(mode, self._tz, self._parsers, self.cfg.max_msg_chars, self.cfg.pending_cap, self._sync_ids)
+        """A lane for one file (in each pass); its compiled triggers are shared with the other files' lanes (compiling
+        them costs milliseconds, and a job's logs are often one file per rank)."""
+        first = self._lanes.get(mode)
+        if first is not None:
+            return first.fresh()
+        lane = new_lane(mode, self._tz, self._parsers, self.cfg.max_msg_chars, self.cfg.pending_cap, self._sync_ids)
+        if lane is not None:
+            self._lanes[mode] = lane
+        return lane
 
     def _lane_block(self, src: _Src, data: bytes, begin: int = 0, end: int | None = None) -> None:
         """The lane reads the lines of ``data[begin:end]`` (no copy of them); each line it gives back is read
@@ -723,6 +732,10 @@ class Ingestor:
         if ids is None:  # a cut line: its label as the lane would read it
             m = _SRUN_LABEL.match(raw) if src.mode == PrefixMode.SRUN else None
             label = int(m.group(1)) if m else None
+        label = _stream_label(src.mode, raw, label)
+        if label is _ELSEWHERE:  # a stream the lane never holds
+            self._lines(src, ((raw, ids),), truncated)
+            return
         if label in src.lane_streams:
             self._lane_export(src, label)
         self._lines(src, ((raw, ids),), truncated)
@@ -1133,6 +1146,22 @@ class Ingestor:
 
 _EMPTY: Final = frozenset[int]()
 _SRUN_LABEL: Final = re.compile(rb" *(\d{1,6}): ")
+_ELSEWHERE: Final = -1
+"""The lane label of a line whose stream the lane never holds (a torchrun prefix with a local rank or a role)."""
+
+
+def _stream_label(mode: str | None, raw: bytes, label: int | None) -> int | None:
+    """The lane label of the stream Python reads a given-back line into: its ``srun`` label, unless a torchrun
+    prefix after it (``[rank3]:``, which the lane gives back) names the writer another way."""
+    at = raw.find(b"[", 0, 16)
+    if at < 0 or raw[:at].strip(b" 0123456789:"):
+        return label  # no bracket where a prefix could be
+    pfx, _ = split_prefix(raw.decode("utf-8", "replace"), mode or PrefixMode.NONE)
+    if pfx is None:
+        return None
+    if pfx.host is None and pfx.local_rank is None and pfx.role is None and mode == PrefixMode.SRUN:
+        return pfx.rank  # what an srun label of that rank names
+    return label if pfx == _label_prefix(label) else _ELSEWHERE
 
 
 def _label_prefix(label: int | None) -> Prefix | None:

@@ -212,6 +212,55 @@ def test_the_lane_finds_trigger_lines_by_literals():
     assert _literals([r"\d+"]) is None and _literals([r"x*"]) is None and _literals([r"(?i)step|\w"]) is None
 
 
+def test_a_torchrun_prefix_names_the_stream_of_a_given_back_line(tmp_path):
+    """Found by hypothesis: in an srun file, ``[rank0]:`` (no srun label) is rank 0's line, so its stream is srun
+    label 0's, which the lane holds with a line waiting for a time; the lane gives the bracketed line back and must
+    hand over that stream (not the unlabelled one) first, or the waiting line is written after it. The same for a
+    torchrun rank that differs from the srun label, and a ``[default2]:`` local-rank stream the lane never holds."""
+    megatron = ("0:  [2026-01-05 12:00:00.000000] iteration        3/    1000 | consumed samples:            0 | "
+                "elapsed time per iteration (ms): 1000.0 | learning rate: 1.500000E-04 | global batch size:   256 | "
+                "lm loss: 2.000000E+00 | loss scale: 1.0 | grad norm: 1.250 | number of skipped iterations:   0 | "
+                "number of nan iterations:   0 |")
+    watchdog = ("[E105 12:00:00.123456789 ProcessGroupNCCL.cpp:1] [Rank 0] Watchdog caught collective operation "
+                "timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=5, NumelOut=5, Timeout(ms)=10) ran for 11 "
+                "milliseconds before timing out.")
+    for prefix in ("[rank0]:", "0: [rank0]:", "1: [rank0]:", "[default2]:", "0: [default0]:"):
+        lines = [megatron, "0:   forward-backward:", prefix + watchdog, "1:   waiting", "0: " + plain("after")]
+        summary, _ = assert_paths_agree([write(tmp_path, lines)])
+        assert summary.fast_lane
+
+
+def test_per_rank_files_share_one_compiled_lane(tmp_path, monkeypatch):
+    """A job's logs as one file per rank (some with srun labels, some without): the triggers are compiled once per
+    prefix mode, every other file's lane is a fresh one sharing them, and the output is still the Python engine's,
+    byte for byte, each file's state its own."""
+    import ingest._engine
+
+    if ingest._engine.lane_module() is None:
+        pytest.skip(NOT_BUILT)
+    compiled: list[str] = []
+    real = ingest._engine.new_lane
+
+    def counted(mode, *args):  # noqa: ANN001, ANN202
+        compiled.append(mode)
+        return real(mode, *args)
+
+    monkeypatch.setattr(ingest._engine, "new_lane", counted)
+    mixed = tmp_path / "mixed.log"
+    bench_module().make_log(mixed, 6000)
+    lines = mixed.read_bytes().split(b"\n")
+    paths = []
+    for k in range(6):
+        part = lines[k * 1000:(k + 1) * 1000]
+        if k % 2:  # without the srun labels: another prefix mode, its own compiled lane
+            part = [x.split(b": ", 1)[-1] for x in part]
+        paths.append(tmp_path / f"rank{k}.log")
+        paths[-1].write_bytes(b"\n".join(part) + b"\n")
+    summary, _ = assert_paths_agree(paths)
+    assert summary.fast_lane
+    assert sorted(compiled) == ["none", "srun"], compiled  # the lane runs: once per mode, for 6 files and 2 passes
+
+
 def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
     """A user's parser whose trigger needs no literal of two bytes (it matches nearly anywhere): the lane finds
     trigger lines with the triggers themselves, gives that parser's lines back, and writes what Python writes."""

@@ -31,6 +31,7 @@
 //! engines' output byte for byte.
 
 use rustc_hash::FxHashMap as HashMap;
+use std::rc::Rc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -311,9 +312,34 @@ struct Counts {
     skipped: Vec<(&'static str, u64)>,
 }
 
+/// What a lane compiles from the parsers' triggers (milliseconds of work): shared by the lanes of all the files
+/// of an ingest (`FastLane.fresh`), since a job's logs are often one file per rank.
+#[derive(Clone)]
+struct Compiled {
+    triggers: Option<regex::bytes::RegexSet>,
+    single: Vec<regex::bytes::Regex>,
+    any_trigger: Option<regex::bytes::Regex>,
+    sync_trigger: Option<regex::bytes::Regex>,
+    any_filter: Option<LineFilter>,
+    sync_filter: Option<LineFilter>,
+    trigger_parser: Vec<usize>,
+    generic: Option<usize>,
+    nccl: Option<usize>,
+    deepspeed: Option<usize>,
+    megatron: Option<usize>,
+    huggingface: Option<usize>,
+    tqdm_rx: regex::Regex,
+    ds_progress_rx: regex::Regex,
+    ds_timers_rx: regex::Regex,
+    ds_item_rx: regex::Regex,
+    sync_parsers: Vec<usize>,
+}
+
 /// The fast lane of one input file: its streams, outputs and counters.
 #[pyclass(unsendable)]
 struct FastLane {
+    /// What it was made from, for `fresh` (the fields below are its working copies).
+    compiled: Rc<Compiled>,
     srun: bool,
     tz_offset_s: i64,
     cap: usize,
@@ -426,19 +452,13 @@ impl FastLane {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let find = |n: &str| names.iter().position(|x| x == n);
-        Ok(FastLane {
-            srun,
-            tz_offset_s,
-            cap,
-            pending_cap,
+        let compiled = Compiled {
             triggers: set,
             single,
             any_trigger: any,
             sync_trigger: sync_any,
             any_filter,
             sync_filter,
-            hit_lines: Vec::new(),
-            hit_at: 0,
             trigger_parser: owner,
             generic: find("generic-step"),
             nccl: find("nccl"),
@@ -450,26 +470,19 @@ impl FastLane {
                 r"^\s*(\d+)%\|[^|]*\| (\d+)/(\d+) \[([\d:]+)<([\d:?]+), +([\d.?]+)(it/s|s/it)([^\]]*)\]",
             )
             .unwrap(),
-            skipped_line: false,
             // deepspeed/runtime/engine.py `_report_progress` and utils/timer.py, as ingest/parsers/deepspeed.py reads them
             ds_progress_rx: regex::Regex::new(r"step=(\d+), skipped=(\d+), lr=\[?([^\],]*)[^,]*(?:\])?, mom=").unwrap(),
             ds_timers_rx: regex::Regex::new(r"time \(ms\)((?: \| [\w.-]+: [-\d.]+(?: \([^)]*\))?)+)").unwrap(),
             ds_item_rx: regex::Regex::new(r"([\w.-]+): ([-\d.]+)").unwrap(),
-            streams: Vec::new(),
-            by_label: HashMap::default(),
-            outs: Vec::new(),
-            chunked: Vec::new(),
-            roles: HashMap::default(),
-            role_fn: role,
-            next_span_id: 1,
-            counts: Counts::default(),
-            sync: Vec::new(),
-            sync_domains: HashMap::default(),
-            main_domains: HashMap::default(),
             sync_parsers,
-            sync_days: HashMap::default(),
-            sync_layouts: HashMap::default(),
-        })
+        };
+        Ok(FastLane::assemble(srun, tz_offset_s, cap, pending_cap, Rc::new(compiled), role))
+    }
+
+    /// A lane for another file of the same ingest: this one's settings and compiled triggers, none of its state.
+    fn fresh(&self, py: Python<'_>) -> FastLane {
+        FastLane::assemble(self.srun, self.tz_offset_s, self.cap, self.pending_cap, self.compiled.clone(),
+                           self.role_fn.clone_ref(py))
     }
 
     /// Take over (again) the stream of an `srun` label (`None`: lines without one), after Python read a line of
@@ -829,6 +842,51 @@ impl FastLane {
 }
 
 impl FastLane {
+    fn assemble(srun: bool, tz_offset_s: i64, cap: usize, pending_cap: usize, compiled: Rc<Compiled>,
+                role: Py<PyAny>) -> FastLane {
+        let c = Compiled::clone(&compiled); // regexes and searchers share their automata when cloned
+        FastLane {
+            compiled,
+            srun,
+            tz_offset_s,
+            cap,
+            pending_cap,
+            triggers: c.triggers,
+            single: c.single,
+            any_trigger: c.any_trigger,
+            sync_trigger: c.sync_trigger,
+            any_filter: c.any_filter,
+            sync_filter: c.sync_filter,
+            hit_lines: Vec::new(),
+            hit_at: 0,
+            trigger_parser: c.trigger_parser,
+            generic: c.generic,
+            nccl: c.nccl,
+            deepspeed: c.deepspeed,
+            megatron: c.megatron,
+            huggingface: c.huggingface,
+            tqdm_rx: c.tqdm_rx,
+            skipped_line: false,
+            ds_progress_rx: c.ds_progress_rx,
+            ds_timers_rx: c.ds_timers_rx,
+            ds_item_rx: c.ds_item_rx,
+            streams: Vec::new(),
+            by_label: HashMap::default(),
+            outs: Vec::new(),
+            chunked: Vec::new(),
+            roles: HashMap::default(),
+            role_fn: role,
+            next_span_id: 1,
+            counts: Counts::default(),
+            sync: Vec::new(),
+            sync_domains: HashMap::default(),
+            main_domains: HashMap::default(),
+            sync_parsers: c.sync_parsers,
+            sync_days: HashMap::default(),
+            sync_layouts: HashMap::default(),
+        }
+    }
+
     /// The lines of `block[start:end]` in which a trigger matches (a few in a hundred, in a real log).
     fn find_hit_lines(&mut self, block: &[u8], start: usize, end: usize, sync: bool) {
         self.hit_lines.clear();
