@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 import otel_instrumentation as oi
-from jobtrace.demo.train import _grad, make_model
+from jobtrace.demo.train import average_gradients, make_model
 from otel_instrumentation._logging import JobtraceHandler, TraceContextFormatter
 
 log = logging.getLogger("demo.train")
@@ -111,15 +111,7 @@ def main() -> None:
                     opt.zero_grad()
                     loss.backward()  # type: ignore[no-untyped-call]
                 with phase("optimizer"):
-                    grads = torch.cat([_grad(q).flatten() for q in model.parameters()])
-                    all_reduce(grads)
-                    grads /= world
-                    offset = 0
-                    for q in model.parameters():
-                        n = q.numel()
-                        _grad(q).copy_(grads[offset:offset + n].view_as(q))
-                        offset += n
-                    grad_norm = float(grads.norm())
+                    grad_norm = average_gradients(model, world, all_reduce)
                     opt.step()
             elapsed = time.perf_counter() - t0
             metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)

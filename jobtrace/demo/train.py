@@ -30,6 +30,7 @@ import math
 import os
 import time
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -116,6 +117,20 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad
 
 
+def average_gradients(model: torch.nn.Module, world: int, reduce: Callable[[torch.Tensor], object]) -> float:
+    """Average the gradients over the ranks with one collective on one flat tensor (DDP does it in buckets, the
+    collective is the same); returns the gradient norm."""
+    grads = torch.cat([_grad(p).flatten() for p in model.parameters()])
+    reduce(grads)
+    grads /= world
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        _grad(p).copy_(grads[offset:offset + n].view_as(p))
+        offset += n
+    return float(grads.norm())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -166,19 +181,11 @@ def main(argv: list[str] | None = None) -> None:
                 if args.regress_step is not None and i >= args.regress_step:
                     time.sleep(args.regress_ms / 1000)
             with oi.phase("optimizer"):
-                grads = torch.cat([_grad(p).flatten() for p in model.parameters()])
+                reduce: Callable[[torch.Tensor], object] = dist.all_reduce
                 if rank == args.mismatch_rank and i == args.mismatch_step:
                     log.warning("rank %d: injected all_gather where the others all_reduce at step %d", rank, i)
-                    dist.all_gather([torch.empty_like(grads) for _ in range(world)], grads)
-                else:
-                    dist.all_reduce(grads)
-                grads /= world
-                offset = 0
-                for p in model.parameters():
-                    n = p.numel()
-                    _grad(p).copy_(grads[offset:offset + n].view_as(p))
-                    offset += n
-                grad_norm = float(grads.norm())
+                    reduce = lambda g: dist.all_gather([torch.empty_like(g) for _ in range(world)], g)  # noqa: E731
+                grad_norm = average_gradients(model, world, reduce)
                 opt.step()
         elapsed = time.perf_counter() - t0
         oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)

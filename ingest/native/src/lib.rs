@@ -314,36 +314,7 @@ struct Counts {
 
 /// What a lane compiles from the parsers' triggers (milliseconds of work): shared by the lanes of all the files
 /// of an ingest (`FastLane.fresh`), since a job's logs are often one file per rank.
-#[derive(Clone)]
 struct Compiled {
-    triggers: Option<regex::bytes::RegexSet>,
-    single: Vec<regex::bytes::Regex>,
-    any_trigger: Option<regex::bytes::Regex>,
-    sync_trigger: Option<regex::bytes::Regex>,
-    any_filter: Option<LineFilter>,
-    sync_filter: Option<LineFilter>,
-    trigger_parser: Vec<usize>,
-    generic: Option<usize>,
-    nccl: Option<usize>,
-    deepspeed: Option<usize>,
-    megatron: Option<usize>,
-    huggingface: Option<usize>,
-    tqdm_rx: regex::Regex,
-    ds_progress_rx: regex::Regex,
-    ds_timers_rx: regex::Regex,
-    ds_item_rx: regex::Regex,
-    sync_parsers: Vec<usize>,
-}
-
-/// The fast lane of one input file: its streams, outputs and counters.
-#[pyclass(unsendable)]
-struct FastLane {
-    /// What it was made from, for `fresh` (the fields below are its working copies).
-    compiled: Rc<Compiled>,
-    srun: bool,
-    tz_offset_s: i64,
-    cap: usize,
-    pending_cap: usize,
     /// All triggers at once, and in one pattern (for all parsers, for those of the alignment pass): where
     /// a trigger needs no literal (`any_filter`, `sync_filter` are `None`), how trigger lines are found.
     triggers: Option<regex::bytes::RegexSet>,
@@ -354,9 +325,7 @@ struct FastLane {
     /// The same found through the literals the triggers need (see `literals`), where they have some.
     any_filter: Option<LineFilter>,
     sync_filter: Option<LineFilter>,
-    /// Start offsets of the current block's lines that a trigger matched in, ascending, and a cursor.
-    hit_lines: Vec<usize>,
-    hit_at: usize,
+    /// The parser of each trigger, and where the built-in parsers are in the registry.
     trigger_parser: Vec<usize>,
     generic: Option<usize>,
     nccl: Option<usize>,
@@ -364,11 +333,27 @@ struct FastLane {
     megatron: Option<usize>,
     huggingface: Option<usize>,
     tqdm_rx: regex::Regex,
-    /// Set by a line that a parser skips (counted as skipped with its reason, not as parsed).
-    skipped_line: bool,
     ds_progress_rx: regex::Regex,
     ds_timers_rx: regex::Regex,
     ds_item_rx: regex::Regex,
+    /// Parsers whose step lines are clock-alignment moments (`sync_points` with `sync_step`).
+    sync_parsers: Vec<usize>,
+}
+
+/// The fast lane of one input file: its streams, outputs and counters.
+#[pyclass(unsendable)]
+struct FastLane {
+    /// The compiled triggers and patterns, shared with the lanes of the other files (`fresh`).
+    c: Rc<Compiled>,
+    srun: bool,
+    tz_offset_s: i64,
+    cap: usize,
+    pending_cap: usize,
+    /// Start offsets of the current block's lines that a trigger matched in, ascending, and a cursor.
+    hit_lines: Vec<usize>,
+    hit_at: usize,
+    /// Set by a line that a parser skips (counted as skipped with its reason, not as parsed).
+    skipped_line: bool,
     streams: Vec<Stream>,
     by_label: HashMap<Option<u32>, usize>,
     outs: Vec<Vec<u8>>,
@@ -386,8 +371,6 @@ struct FastLane {
     /// The clock domain (`MomentStore.domain_id`) of each label: in the alignment pass, in the main pass.
     sync_domains: HashMap<Option<u32>, usize>,
     main_domains: HashMap<Option<u32>, usize>,
-    /// Parsers whose step lines are clock-alignment moments (`sync_points` with `sync_step`).
-    sync_parsers: Vec<usize>,
     /// Alignment pass: the epoch day of the last strict head per label since Python last read a line of it.
     sync_days: HashMap<Option<u32>, (&'static str, i64)>,
     /// Alignment pass: the layout Python's head parser of each label tries first (`LAYOUT_*`).
@@ -481,7 +464,7 @@ impl FastLane {
 
     /// A lane for another file of the same ingest: this one's settings and compiled triggers, none of its state.
     fn fresh(&self, py: Python<'_>) -> FastLane {
-        FastLane::assemble(self.srun, self.tz_offset_s, self.cap, self.pending_cap, self.compiled.clone(),
+        FastLane::assemble(self.srun, self.tz_offset_s, self.cap, self.pending_cap, self.c.clone(),
                            self.role_fn.clone_ref(py))
     }
 
@@ -763,7 +746,7 @@ impl FastLane {
     /// The literals the lane finds trigger lines by (`None`: it scans with the triggers themselves), for the
     /// main pass or the alignment pass.
     fn filter_literals(&self, sync: bool) -> Option<Vec<Vec<u8>>> {
-        let f = if sync { &self.sync_filter } else { &self.any_filter };
+        let f = if sync { &self.c.sync_filter } else { &self.c.any_filter };
         f.as_ref().map(|f| f.literals.clone())
     }
 
@@ -842,34 +825,17 @@ impl FastLane {
 }
 
 impl FastLane {
-    fn assemble(srun: bool, tz_offset_s: i64, cap: usize, pending_cap: usize, compiled: Rc<Compiled>,
+    fn assemble(srun: bool, tz_offset_s: i64, cap: usize, pending_cap: usize, c: Rc<Compiled>,
                 role: Py<PyAny>) -> FastLane {
-        let c = Compiled::clone(&compiled); // regexes and searchers share their automata when cloned
         FastLane {
-            compiled,
+            c,
             srun,
             tz_offset_s,
             cap,
             pending_cap,
-            triggers: c.triggers,
-            single: c.single,
-            any_trigger: c.any_trigger,
-            sync_trigger: c.sync_trigger,
-            any_filter: c.any_filter,
-            sync_filter: c.sync_filter,
             hit_lines: Vec::new(),
             hit_at: 0,
-            trigger_parser: c.trigger_parser,
-            generic: c.generic,
-            nccl: c.nccl,
-            deepspeed: c.deepspeed,
-            megatron: c.megatron,
-            huggingface: c.huggingface,
-            tqdm_rx: c.tqdm_rx,
             skipped_line: false,
-            ds_progress_rx: c.ds_progress_rx,
-            ds_timers_rx: c.ds_timers_rx,
-            ds_item_rx: c.ds_item_rx,
             streams: Vec::new(),
             by_label: HashMap::default(),
             outs: Vec::new(),
@@ -881,7 +847,6 @@ impl FastLane {
             sync: Vec::new(),
             sync_domains: HashMap::default(),
             main_domains: HashMap::default(),
-            sync_parsers: c.sync_parsers,
             sync_days: HashMap::default(),
             sync_layouts: HashMap::default(),
         }
@@ -891,13 +856,13 @@ impl FastLane {
     fn find_hit_lines(&mut self, block: &[u8], start: usize, end: usize, sync: bool) {
         self.hit_lines.clear();
         self.hit_at = 0;
-        if let Some(f) = if sync { &self.sync_filter } else { &self.any_filter } {
+        if let Some(f) = if sync { &self.c.sync_filter } else { &self.c.any_filter } {
             f.lines(block, start, end, &mut self.hit_lines);
             return;
         }
         let mut last_line = usize::MAX;
         let region = &block[start..end];
-        let rx = if sync { &self.sync_trigger } else { &self.any_trigger };
+        let rx = if sync { &self.c.sync_trigger } else { &self.c.any_trigger };
         let rx = rx.as_ref().expect("a regex scan where the triggers need no literal");
         for m in rx.find_iter(region) {
             // the line holding the match's last byte (a match never ends on a newline it did not cross)
@@ -914,19 +879,19 @@ impl FastLane {
     /// ascending, as the Python engine's chunk scan sees them.
     fn trigger_ids(&self, raw: &[u8], sync: bool, ids: &mut Ids) {
         let push = |k: usize| {
-            let p = self.trigger_parser[k];
-            if (!sync || self.sync_parsers.contains(&p)) && !ids.contains(&p) {
+            let p = self.c.trigger_parser[k];
+            if (!sync || self.c.sync_parsers.contains(&p)) && !ids.contains(&p) {
                 ids.push(p);
             }
         };
-        match if sync { &self.sync_filter } else { &self.any_filter } {
+        match if sync { &self.c.sync_filter } else { &self.c.any_filter } {
             Some(f) => {
                 let mut maybe = Vec::new();
                 f.candidates(raw, &mut maybe);
-                maybe.into_iter().filter(|&k| self.single[k].is_match(raw)).for_each(push);
+                maybe.into_iter().filter(|&k| self.c.single[k].is_match(raw)).for_each(push);
             }
             None => {
-                let set = self.triggers.as_ref().expect("a regex set where the triggers need no literal");
+                let set = self.c.triggers.as_ref().expect("a regex set where the triggers need no literal");
                 set.matches(raw).iter().for_each(push)
             }
         }
@@ -972,7 +937,7 @@ impl FastLane {
         if text.starts_with(b" [") {
             return self.megatron_line(py, si, label, text, ids); // Megatron's " [date time] iteration …"
         }
-        if text[0] == b' ' && ids.len() == 1 && Some(ids[0]) == self.huggingface {
+        if text[0] == b' ' && ids.len() == 1 && Some(ids[0]) == self.c.huggingface {
             return self.tqdm_line(py, si, text); // no head layout starts with a blank not followed by "["
         }
         // A blank text, or one that starts with white space: Python's.
@@ -990,7 +955,7 @@ impl FastLane {
             let body = &text[h.body_at..];
             return match ids.as_slice() {
                 [] => self.plain(si, ts, &h, body),
-                [g] if Some(*g) == self.generic => self.step_line(py, si, label, ts, &h, body),
+                [g] if Some(*g) == self.c.generic => self.step_line(py, si, label, ts, &h, body),
                 _ => Err(GiveBack),
             };
         }
@@ -999,8 +964,8 @@ impl FastLane {
         }
         match ids.as_slice() {
             [] => self.print_line(si, text),
-            [p] if Some(*p) == self.nccl => self.nccl_line(si, text),
-            [p, ..] if Some(*p) == self.huggingface && text[0] == b'{' => self.hf_dict_line(py, si, text, ids),
+            [p] if Some(*p) == self.c.nccl => self.nccl_line(si, text),
+            [p, ..] if Some(*p) == self.c.huggingface && text[0] == b'{' => self.hf_dict_line(py, si, text, ids),
             _ => Err(GiveBack),
         }
     }
@@ -1113,7 +1078,7 @@ impl FastLane {
         if t[..bar_at].contains(": ") || t.contains("{'") {
             return Err(GiveBack); // a description (or a metrics dict): Python's
         }
-        let c = self.tqdm_rx.captures(t).ok_or(GiveBack)?;
+        let c = self.c.tqdm_rx.captures(t).ok_or(GiveBack)?;
         if !(2..=7).all(|k| c[k].is_ascii()) {
             return Err(GiveBack); // `\d` admits digits that Python's int() and float() read and Rust's do not
         }
@@ -1202,7 +1167,7 @@ impl FastLane {
     /// the floats as `f"{v:.4g}"` strings), as `HuggingFaceParser._metrics` reads it: the line and a metric
     /// event, both waiting for a time like a `print`. Only the exact shape of `hf_dict` is read here.
     fn hf_dict_line(&mut self, py: Python<'_>, si: usize, text: &[u8], ids: &[usize]) -> Result<bool, GiveBack> {
-        self.first_then_generic(self.huggingface, ids)?; // a dict of metrics always stops the parser loop
+        self.first_then_generic(self.c.huggingface, ids)?; // a dict of metrics always stops the parser loop
         // `_metrics` leaves a blob of 64 KiB or more to `_PAIR`; a message past the cap is cut: Python's
         if text.len() > self.cap || text.len() >= 65536 {
             return Err(GiveBack);
@@ -1268,7 +1233,7 @@ impl FastLane {
     /// first and nothing but the generic step parser follows (it is then never reached).
     fn first_then_generic(&self, parser: Option<usize>, ids: &[usize]) -> Result<(), GiveBack> {
         let p = parser.ok_or(GiveBack)?;
-        if ids.first() != Some(&p) || !ids.iter().all(|&i| i == p || Some(i) == self.generic) {
+        if ids.first() != Some(&p) || !ids.iter().all(|&i| i == p || Some(i) == self.c.generic) {
             return Err(GiveBack);
         }
         Ok(())
@@ -1284,7 +1249,7 @@ impl FastLane {
         text: &[u8],
         ids: &[usize],
     ) -> Result<bool, GiveBack> {
-        self.first_then_generic(self.megatron, ids)?;
+        self.first_then_generic(self.c.megatron, ids)?;
         if self.streams[si].out.is_none() {
             return Err(GiveBack);
         }
@@ -1411,7 +1376,7 @@ impl FastLane {
         text: &[u8],
         ids: &[usize],
     ) -> Result<bool, GiveBack> {
-        self.first_then_generic(self.deepspeed, ids)?;
+        self.first_then_generic(self.c.deepspeed, ids)?;
         {
             let st = &self.streams[si];
             // Python's head parser tries its last layout first: only these read a DeepSpeed head as "deepspeed" does.
@@ -1434,9 +1399,9 @@ impl FastLane {
             }
             None => body_s,
         };
-        let events = if let Some(c) = self.ds_progress_rx.captures(rest) {
+        let events = if let Some(c) = self.c.ds_progress_rx.captures(rest) {
             self.ds_progress(py, si, ts, &c)?
-        } else if let Some(c) = self.ds_timers_rx.captures(rest) {
+        } else if let Some(c) = self.c.ds_timers_rx.captures(rest) {
             let items = c.get(1).unwrap().as_str().to_string();
             self.ds_timers(py, si, ts, &items)?
         } else {
@@ -1583,7 +1548,7 @@ impl FastLane {
     /// `DeepSpeedParser._timers`; reads and updates the stream's parser state (nothing is written yet).
     fn ds_timers(&mut self, py: Python<'_>, si: usize, ts: i64, items: &str) -> Result<Vec<DsEvent>, GiveBack> {
         let mut values: Vec<(String, f64)> = Vec::new();
-        for c in self.ds_item_rx.captures_iter(items) {
+        for c in self.c.ds_item_rx.captures_iter(items) {
             let Ok(v) = c[2].parse::<f64>() else { continue };
             match values.iter_mut().find(|(k, _)| k == &c[1]) {
                 Some(e) => e.1 = v,
@@ -1679,7 +1644,7 @@ impl FastLane {
     /// read as `GenericStepParser.sync_step` reads it; `Ok(None)`: not a moment.
     fn sync_line(&mut self, raw: &[u8], ids: &[usize]) -> Result<Option<(Option<u32>, i64, i64)>, GiveBack> {
         let (label, text) = self.split_label(raw)?;
-        if ids.first().is_some_and(|&i| Some(i) == self.megatron) && text.starts_with(b" [") {
+        if ids.first().is_some_and(|&i| Some(i) == self.c.megatron) && text.starts_with(b" [") {
             // MegatronParser.sync_step on a bracket-iso head: the first sync parser, so its answer stands
             let (ts, day, at) = megatron_head(text, self.tz_offset_s).ok_or(GiveBack)?;
             let body = std::str::from_utf8(&text[at..]).map_err(|_| GiveBack)?;
@@ -1691,9 +1656,9 @@ impl FastLane {
             self.sync_layouts.insert(label, LAYOUT_OTHER);
             return Ok(Some((label, it, ts)));
         }
-        if ids.first().is_some_and(|&i| Some(i) == self.deepspeed) && text.first() == Some(&b'[') {
+        if ids.first().is_some_and(|&i| Some(i) == self.c.deepspeed) && text.first() == Some(&b'[') {
             // DeepSpeedParser.sync_step, then (a timer line) the generic one, on a "deepspeed" head
-            if !ids.iter().all(|&i| Some(i) == self.deepspeed || Some(i) == self.generic)
+            if !ids.iter().all(|&i| Some(i) == self.c.deepspeed || Some(i) == self.c.generic)
                 || self.sync_layouts.get(&label).copied().unwrap_or(LAYOUT_NONE) == LAYOUT_OTHER
             {
                 return Err(GiveBack);
@@ -1704,7 +1669,7 @@ impl FastLane {
                 return Err(GiveBack);
             }
             let body = std::str::from_utf8(body).map_err(|_| GiveBack)?;
-            let step = match self.ds_progress_rx.captures(body) {
+            let step = match self.c.ds_progress_rx.captures(body) {
                 Some(c) => Some(c[1].parse::<i64>().map_err(|_| GiveBack)?),
                 None if ids.len() > 1 => match find_step(body)? {
                     Some((st, after)) => next_pair(body, after)?.map(|_| st),
@@ -1716,7 +1681,7 @@ impl FastLane {
             self.sync_layouts.insert(label, LAYOUT_DEEPSPEED);
             return Ok(step.map(|st| (label, st, ts)));
         }
-        if ids != [self.generic.ok_or(GiveBack)?] {
+        if ids != [self.c.generic.ok_or(GiveBack)?] {
             return Err(GiveBack);
         }
         let h = strict_head(text).ok_or(GiveBack)?;

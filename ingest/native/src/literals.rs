@@ -183,7 +183,6 @@ fn absorbed(sets: &[(usize, Vec<Vec<u8>>)]) -> Vec<Vec<u8>> {
 }
 
 /// Finds the lines that hold any of the needed literals.
-#[derive(Clone)]
 pub struct LineFilter {
     /// the packed (Teddy) searcher itself: the automaton with it as a prefilter walks each candidate bytewise
     ac: Searcher,
