@@ -271,6 +271,39 @@ class TestProcessLifecycle:
         assert job.stats.events == complete > 2000
         assert job.stats.torn_lines == 1 and job.stats.skipped == {"torn last line (crash mid-write)": 1}
 
+    def test_the_flush_interval_comes_from_the_environment_and_an_argument_wins(self, tmp_path):
+        """JOBTRACE_FLUSH_INTERVAL_S=60: a record logged stays queued (nothing written after 1.5 s, where the
+        default 1 s would have written it) until shutdown; the argument beats the variable; a bad value is named."""
+        proc = run_child(
+            """
+            import glob, logging, time, otel_instrumentation as oi
+            t = oi.init_tracing("slowflush", data_dir="store", torch=False)
+            logging.getLogger("t").info("queued")
+            time.sleep(1.5)
+            written = sum(open(p).read().count("queued") for p in glob.glob("store/slowflush/*.jsonl"))
+            t.shutdown()
+            after = sum(open(p).read().count("queued") for p in glob.glob("store/slowflush/*.jsonl"))
+            print(written, after)
+            """, tmp_path, JOBTRACE_FLUSH_INTERVAL_S="60")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["0", "1"]
+        proc = run_child(
+            """
+            import glob, logging, time, otel_instrumentation as oi
+            oi.init_tracing("fastflush", data_dir="store", torch=False, flush_interval_s=0.05)
+            logging.getLogger("t").info("soon")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if any("soon" in open(p).read() for p in glob.glob("store/fastflush/*.jsonl")):
+                    print("written before shutdown")
+                    break
+                time.sleep(0.05)
+            """, tmp_path, JOBTRACE_FLUSH_INTERVAL_S="60")
+        assert proc.returncode == 0 and "written before shutdown" in proc.stdout, proc.stderr
+        proc = run_child("import otel_instrumentation as oi; oi.init_tracing('x', data_dir='store', torch=False)",
+                         tmp_path, JOBTRACE_FLUSH_INTERVAL_S="soon")
+        assert proc.returncode != 0 and "JOBTRACE_FLUSH_INTERVAL_S='soon' is not a number" in proc.stderr
+
     def test_no_launcher_variables_runs_as_a_single_rank(self, tmp_path):
         proc = run_child(
             """
