@@ -328,8 +328,8 @@ def main() -> None:
     print(f"  step CPU  {job['process_cpu_us']:8.1f} µs (process, all threads; training thread "
           f"{job['thread_plain_us']:.1f} µs): tracing adds {job['thread_extra_us']:+.1f} µs on the training thread "
           f"+ {job['export_us']:.1f} µs export thread = {job_cpu:+.2f} %")
-    print(f"  a fixed cost per step: under 1 % of steps longer than {added / 10:.1f} ms of CPU "
-          f"(an LLM step is 100 ms to seconds)")
+    print(f"  (were it a fixed cost, it would be under 1 % of steps longer than {added / 10:.1f} ms of CPU; on this "
+          f"machine it is not fixed: run demo_blocks.py with --hidden 1024 to see a longer step)")
     print("the same on one rank, one part of the tracing at a time (training thread / export thread per traced step):")
     for part, r in one_rank.items():
         print(f"  {part:<12} {r['thread_extra_us']:+7.1f} µs / {r['export_us']:5.1f} µs   "
