@@ -108,16 +108,21 @@ def analyze_stragglers(
             by_rank[rank].windows = int(rw["nw"] or 0)
     chronic: list[dict[str, Any]] = []
     episodic: list[dict[str, Any]] = []
+    ref = statistics.median(r["compute_ns"] for r in timed)
     for r in timed:
         wr = per_rank_win.get(r["rank"])
         if not wr or not wr["nf"]:
             continue
         tail = wr["last_ok_win"] is None or wr["last_ok_win"] < wr["first_flag_win"]
-        if wr["nf"] / wr["nw"] >= cfg.chronic_fraction or (tail and wr["nf"] >= 2):
-            chronic.append(r | {"_w": wr})
+        if tail and wr["nf"] >= 2:
+            chronic.append(r | {"_w": wr})  # slow from some step on (or throughout)
+        elif wr["nf"] / wr["nw"] >= cfg.chronic_fraction:
+            # Slow over the whole run only if the whole run says so too: a few short windows over the
+            # threshold (a busy machine, a rank whose data wait leaves its caches cold) are not a culprit.
+            if r["compute_ns"] >= cfg.slow_factor * ref:
+                chronic.append(r | {"_w": wr})
         elif wr["nf"] >= 2:  # one window of a few steps is noise or a one-off stall, reported apart
             episodic.append(r | {"_w": wr})
-    ref = statistics.median(r["compute_ns"] for r in timed)
     if chronic:
         findings += _chronic(con, cfg, chronic, timed, by_rank, ref, late)
     for r in episodic:
