@@ -204,7 +204,7 @@ def test_the_lane_finds_trigger_lines_by_literals():
 
     lane = Ingestor(IngestConfig(job="lits"), lambda node, rank: None)._new_lane("srun")
     if lane is None:
-        pytest.skip(NOT_BUILT)
+        pytest.skip(reason=NOT_BUILT)
     main, sync = lane.filter_literals(False), lane.filter_literals(True)
     assert main is not None and sync is not None and set(sync) <= set(main)
     assert b"] NCCL " in main and b"ste" in main and b"Ste" in main  # the case-insensitive step trigger
@@ -237,7 +237,7 @@ def test_per_rank_files_share_one_compiled_lane(tmp_path, monkeypatch):
     import ingest._engine
 
     if ingest._engine.lane_module() is None:
-        pytest.skip(NOT_BUILT)
+        pytest.skip(reason=NOT_BUILT)
     compiled: list[str] = []
     real = ingest._engine.new_lane
 
@@ -290,7 +290,7 @@ def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
         if native:
             lane = ing._new_lane("srun")
             if lane is None:
-                pytest.skip(NOT_BUILT)
+                pytest.skip(reason=NOT_BUILT)
             assert lane.filter_literals(False) is None and lane.filter_literals(True) is not None
         summary = ing.run([str(path)])
         runs[native] = (summary, {k: list(v.lines) for k, v in sinks.items()})
