@@ -72,6 +72,7 @@ class TraceContextFilter(logging.Filter):
         self._job = ident.job_id
         self._trace = ident.trace_id
         self._rank = ident.rank
+        self._prefix = f"job={self._job} rank={self._rank} trace={self._trace} span="
 
     def filter(self, record: logging.LogRecord) -> bool:
         sid = self._rec.current_span_id()
@@ -80,7 +81,7 @@ class TraceContextFilter(logging.Filter):
         record.span_id = span
         record.job_id = self._job
         record.rank = self._rank
-        record.jobtrace = f"job={self._job} rank={self._rank} trace={self._trace} span={span}"
+        record.jobtrace = self._prefix + span
         return True
 
 

@@ -27,13 +27,14 @@ from threading import get_ident
 from time import time_ns
 from typing import Any, Callable
 
-from jobtrace.events import COLLECTIVE_OPS, SpanCategory
+from jobtrace.events import COLLECTIVE_OPS
 
-from ._recorder import _METRIC, _SPAN, Recorder
+from ._recorder import _COLLECTIVE, _METRIC, Recorder
 
 __all__ = ["instrument_torch", "uninstrument_torch", "memory_hook"]
 
 _PATCHED: dict[tuple[Any, str], Callable[..., Any]] = {}
+_ASYNC: dict[str, Any] = {"async": True}
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -46,60 +47,64 @@ def _payload_bytes(obj: Any) -> int:
     return 0
 
 
-def _make_wrapper(
-    fn: Callable[..., Any],
-    op: str,
-    rec: Recorder,
-    dist: Any,
-    seqs: dict[Any, int],
-    sizes: dict[Any, tuple[str, int]],
-) -> Callable[..., Any]:
-    """``seqs`` and ``sizes`` are shared by all ops: the sequence number counts per group, across ops."""
+def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, groups: dict[Any, list[Any]]) -> Callable[..., Any]:
+    """``groups`` (shared by all ops: the sequence number counts per group, across ops) maps a group's id to
+    ``[name, size, last seq]``.
+
+    The wrapper runs once per collective inside the training step, where every line costs
+    about a microsecond (cold caches after the step's kernels): it does one dict lookup,
+    reads the payload size, and queues a flat tuple; the export thread builds the span's
+    attributes from it (``_recorder._as_span``).
+    """
     process_group_type = getattr(dist, "ProcessGroup", ())
 
-    def group_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        group = kwargs.get("group")
-        if group is None:
-            for a in args[1:]:
-                if isinstance(a, process_group_type):
-                    return a
-        return group
+    def describe(group: Any, key: Any) -> list[Any]:
+        try:
+            size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+            name = getattr(group, "group_name", None) or ("default" if group is None else f"pg{key:x}")
+        except Exception:  # noqa: BLE001 - an uninitialised group still gets recorded
+            size, name = -1, "default" if group is None else "unknown"
+        state = groups[key] = [str(name), size, 0]
+        return state
+
+    def emit(item: tuple[Any, ...]) -> None:
+        q = rec.queue
+        if q is not None and len(q) < rec.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            rec.emit(item)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        group = group_of(args, kwargs)
+        group = kwargs.get("group") if kwargs else None
+        if group is None and len(args) > 1:
+            group = next((a for a in args[1:] if isinstance(a, process_group_type)), None)
         key = id(group) if group is not None else None
-        info = sizes.get(key)
-        if info is None:
-            try:
-                size = dist.get_world_size(group) if group is not None else dist.get_world_size()
-                name = getattr(group, "group_name", None) or ("default" if group is None else f"pg{key:x}")
-            except Exception:  # noqa: BLE001 - an uninitialised group still gets recorded
-                size, name = -1, "default" if group is None else "unknown"
-            info = sizes[key] = (str(name), size)
-        seq = seqs.get(key, 0) + 1
-        seqs[key] = seq
-        payload = _payload_bytes(args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list")))
+        state = groups.get(key) or describe(group, key)
+        seq = state[2] = state[2] + 1
+        first = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list"))
+        payload = getattr(first, "nbytes", None)  # a tensor's; lists of tensors are summed
+        if type(payload) is not int:
+            payload = _payload_bytes(first)
         stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
         parent = stack[-1].span_id if stack else rec.root_span_id
+        step = rec.step
         t0 = time_ns()
-        rec.in_collective = (op, info[0], seq, t0, payload)
-        error = None
+        rec.in_collective = (op, state[0], seq, t0, payload)
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
             t1 = time_ns()
             rec.in_collective = None
-            attrs = {"op": op, "group": info[0], "group_size": info[1], "seq": seq, "bytes": payload}
-            if kwargs.get("async_op"):
-                attrs["async"] = True
-            if error:
-                attrs["error"] = error
-            rec.emit((_SPAN, getrandbits(64) or 1, parent, op, SpanCategory.COLLECTIVE, t0, t1, rec.step, attrs))
-            rec.last_progress_ns = t1
+            emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload,
+                  {"error": f"{type(exc).__name__}: {exc}"}))
+            raise
+        t1 = time_ns()
+        rec.in_collective = None
+        emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload,
+              _ASYNC if kwargs and kwargs.get("async_op") else None))
+        rec.last_progress_ns = t1
+        return out
 
     wrapper.__jobtrace_wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
@@ -114,14 +119,13 @@ def instrument_torch(rec: Recorder) -> bool:
         return False
     if not dist.is_available():
         return False
-    seqs: dict[Any, int] = {}
-    sizes: dict[Any, tuple[str, int]] = {}
+    groups: dict[Any, list[Any]] = {}
     for op in COLLECTIVE_OPS:
         original = getattr(c10d, op, None) or getattr(dist, op, None)
         if original is None:
             continue
         original = getattr(original, "__jobtrace_wrapped__", original)
-        wrapper = _make_wrapper(original, op, rec, dist, seqs, sizes)
+        wrapper = _make_wrapper(original, op, rec, dist, groups)
         for module in (dist, c10d):
             if hasattr(module, op):
                 _PATCHED.setdefault((module, op), getattr(module, op))
@@ -144,7 +148,8 @@ def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Cal
         try:
             import torch
 
-            cuda = torch.cuda
+            # A CPU-only build can never initialise CUDA: skip the check each step (a Python call).
+            cuda = torch.cuda if (torch.version.cuda or getattr(torch.version, "hip", None)) else None
         except Exception:  # noqa: BLE001
             cuda = None
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from jobtrace.events import decode, encode_lines
 from otel_instrumentation._identity import resolve_identity
-from otel_instrumentation._recorder import _LOG, _METRIC, _SPAN, Recorder
+from otel_instrumentation._recorder import _COLLECTIVE, _LOG, _METRIC, _SPAN, Recorder
 
 
 @pytest.fixture
@@ -37,6 +37,9 @@ SPANS = [
     (_SPAN, 0xABE, 0xABD, "all_reduce", "collective", 12, 19, None,
      {"op": "all_reduce", "group": "default", "seq": 9, "bytes": 1 << 24, "group_size": 8, "async": False}),
     (_SPAN, 0xABF, None, "user span ü", "user", 1, 2, None, {"tags": {"x", "y"} and ["x"], "nested": {"k": [1, 2.5]}}),
+    # A collective as the torch wrapper queues it: the group's [name, size, last seq], then seq, bytes, extra.
+    (_COLLECTIVE, 0xAC0, 0xABD, "all_gather", 12, 19, 4, ["pg1", 8, 40], 9, 1 << 24, None),
+    (_COLLECTIVE, 0xAC1, None, "broadcast", 12, 19, None, ["default", 2, 3], 3, 0, {"error": "RuntimeError: é"}),
 ]
 
 METRICS = [
@@ -81,6 +84,11 @@ def test_fast_path_bytes_equal_the_general_path(rec, item):
     line = rec.encode_batch([item])[0]
     assert line == _general(rec, item)
     assert decode(line).job == 'job "quoted" é'
+    if item[0] == _COLLECTIVE:
+        ev = orjson.loads(line)
+        assert (ev["name"], ev["cat"], ev["start"], ev["dur"]) == (item[3], "collective", 12, 7)
+        assert ev["attrs"] == {"op": item[3], "group": item[7][0], "group_size": item[7][1], "seq": item[8],
+                               "bytes": item[9], **(item[10] or {})}
 
 
 def test_real_log_records_and_spans_round_trip(rec):
