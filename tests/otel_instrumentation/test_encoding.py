@@ -79,6 +79,25 @@ def test_metric_tensors_fast_path_equals_the_general_path(rec):
     assert orjson.loads(line)["metrics"] == expected
 
 
+def test_tensor_metric_values_are_read_at_the_call_on_the_cpu_and_never_keep_a_graph(rec):
+    torch = pytest.importorskip("torch", reason="tensor metric values need torch")
+    items = []
+    rec.emit = items.append
+    w = torch.tensor(2.0, requires_grad=True)
+    loss, acc, vec = w * 3, torch.tensor(1.0), torch.ones(3)
+    meta = torch.ones((), device="meta") * w.to("meta")  # a device whose value is read later (like CUDA)
+    rec.metrics(5, {"loss": loss, "acc": acc, "vec": vec, "meta": meta})
+    acc += 41  # changed in place after the call: the value recorded is the one at the call
+    (item,) = items
+    values = item[3]
+    assert (values["loss"], type(values["loss"]), values["acc"]) == (6.0, float, 1.0)
+    assert values["vec"] is vec  # more than one element: kept, written as text by the export thread
+    assert meta.requires_grad and not values["meta"].requires_grad and values["meta"].grad_fn is None
+    ev = orjson.loads(rec.encode_batch(items)[0])
+    assert (ev["metrics"]["loss"], ev["metrics"]["acc"], ev["metrics"]["vec"]) == (6.0, 1.0, str(vec))
+    assert "meta" in ev["metrics"]["meta"]  # no value to read: its text, not a lost event
+
+
 @pytest.mark.parametrize("item", LOGS + SPANS, ids=lambda i: f"{i[0]}-{i[3]}")
 def test_fast_path_bytes_equal_the_general_path(rec, item):
     line = rec.encode_batch([item])[0]
