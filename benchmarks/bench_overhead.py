@@ -24,7 +24,10 @@ and reports the median over ``--repeat`` runs:
   alternating blocks of one job (``demo_blocks.py``: separate runs of a 4-rank job on 2
   cores differ by ±10 %, which hides a 1 % effect), and the same on one rank with one
   part of the tracing on at a time (spans, metrics, the log record, the console's trace
-  context, the collective record), and with none (an A/A check of the method).
+  context, the collective record), and with none (an A/A check of the method);
+* each tracing call of the demo's step on its own, where the step's kernels have just
+  evicted the caches (``demo_calls.py``, 2 ranks): where the step's cost goes, and the
+  export thread's share with and without its encoding.
 
 Prints figures and the ratios the project's goals are stated in; asserts nothing.
 """
@@ -198,7 +201,7 @@ def block(traced, steps, start):
             with phase("optimizer"):
                 opt.step()
         metrics(i, loss=loss)
-        log.info("step %d loss %.4f", i, float(loss))
+        log.info("step %d loss %.4f", i, loss.item())
     thread = (time.thread_time() - th0) / steps * 1e6
     if traced:
         t.force_flush(60)  # the export of this block is charged to it, as if training did it
@@ -279,6 +282,22 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
     }
 
 
+def demo_calls(ranks: int) -> str:
+    """Each tracing call of the demo's step timed on its own, cold, traced against plain (``demo_calls.py``)."""
+    import os
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="bench-demo-calls-")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
+               JOBTRACE_JOB_ID="bench-demo-calls")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                          str(ROOT / "benchmarks" / "demo_calls.py")], env=env, capture_output=True, text=True,
+                         timeout=900)
+    if run.returncode != 0:
+        raise SystemExit(f"demo_calls failed:\n{run.stderr[-3000:]}")
+    return run.stdout
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--records", type=int, default=200_000)
@@ -298,6 +317,7 @@ def main() -> None:
     one_rank = {part: demo_blocks(1, args.blocks, parts=(part,)) for part in PARTS}
     one_rank["all"] = demo_blocks(1, args.blocks)
     one_rank["none (A/A)"] = demo_blocks(1, args.blocks, parts=())
+    calls = demo_calls(2)
 
     floor = res["null"]["thread_us"]
     print(f"records per run: {n}, runs per case: {rep} (medians)\n")
@@ -335,6 +355,8 @@ def main() -> None:
         print(f"  {part:<12} {r['thread_extra_us']:+7.1f} µs / {r['export_us']:5.1f} µs   "
               f"(plain step: {r['thread_plain_us']:.0f} µs thread CPU, wall {r['wall_plain_us']:.0f} µs "
               f"{r['wall_extra_us']:+.0f} µs)")
+    print("each call of the demo's step on its own, cold (demo_calls.py, even steps traced, odd plain, one job):")
+    print(textwrap.indent(calls.rstrip(), "  "))
     print()
     goals = [
         ("calling thread ≤ 1.5x NullHandler floor", res["jobtrace"]["thread_us"] <= 1.5 * floor),

@@ -115,7 +115,7 @@ def main() -> None:
                     opt.step()
             elapsed = time.perf_counter() - t0
             metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)
-            log.info("step %d loss %.4f grad_norm %.3f", i, float(loss), grad_norm)
+            log.info("step %d loss %.4f grad_norm %.3f", i, loss.item(), grad_norm)
             walls.append(time.perf_counter() - t0)  # the whole iteration, as the next step sees it
         cpu = (time.thread_time() - cpu0) / args.block_steps * 1e6
         faults = (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults0) / args.block_steps

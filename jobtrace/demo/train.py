@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
                 opt.step()
         elapsed = time.perf_counter() - t0
         oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)
-        log.info("step %d loss %.4f grad_norm %.3f", i, float(loss), grad_norm)
+        log.info("step %d loss %.4f grad_norm %.3f", i, loss.item(), grad_norm)
 
     dist.barrier()
     dist.destroy_process_group()
