@@ -282,7 +282,7 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
     }
 
 
-def demo_calls(ranks: int) -> str:
+def demo_calls(ranks: int, *extra: str) -> str:
     """Each tracing call of the demo's step timed on its own, cold, traced against plain (``demo_calls.py``)."""
     import os
     import tempfile
@@ -291,7 +291,7 @@ def demo_calls(ranks: int) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
                JOBTRACE_JOB_ID="bench-demo-calls")
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                          str(ROOT / "benchmarks" / "demo_calls.py")], env=env, capture_output=True, text=True,
+                          str(ROOT / "benchmarks" / "demo_calls.py"), *extra], env=env, capture_output=True, text=True,
                          timeout=900)
     if run.returncode != 0:
         raise SystemExit(f"demo_calls failed:\n{run.stderr[-3000:]}")
