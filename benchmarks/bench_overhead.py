@@ -242,6 +242,19 @@ def median_of(name: str, n: int, repeat: int, **fmt: object) -> dict[str, float]
 PARTS = ("spans", "metrics", "log", "console", "collective")
 
 
+def _torchrun(script: str, ranks: int, *args: str, out_arg: bool = False) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Run ``benchmarks/<script>.py`` as a ``ranks``-rank job on its own store; returns its folder and the run."""
+    import os
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix=f"bench-{script}-")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
+               JOBTRACE_JOB_ID=f"bench-{script.replace('_', '-')}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           str(ROOT / "benchmarks" / f"{script}.py"), *(["--out", out] if out_arg else []), *args]
+    return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
 def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str, ...] = PARTS) -> dict[str, float]:
     """The demo job's step with and without tracing in alternating blocks of one job (``demo_blocks.py``).
 
@@ -250,16 +263,8 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
     pairs of traced minus plain; the export thread: its CPU over the run per traced step,
     idle wake-ups included).
     """
-    import os
-    import tempfile
-
-    out = tempfile.mkdtemp(prefix="bench-demo-blocks-")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
-               JOBTRACE_JOB_ID="bench-demo-blocks")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                          str(ROOT / "benchmarks" / "demo_blocks.py"), "--out", out, f"--blocks={blocks}",
-                          f"--block-steps={block_steps}", "--parts", ",".join(parts) or "none"],
-                         env=env, capture_output=True, text=True, timeout=900)
+    out, run = _torchrun("demo_blocks", ranks, "--blocks", str(blocks), "--block-steps", str(block_steps),
+                         "--parts", ",".join(parts) or "none", out_arg=True)
     found = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(ranks)
              if Path(out, f"rank{r}.json").exists()]
     if run.returncode != 0 or len(found) != ranks:
@@ -284,15 +289,7 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
 
 def demo_calls(ranks: int, *extra: str) -> str:
     """Each tracing call of the demo's step timed on its own, cold, traced against plain (``demo_calls.py``)."""
-    import os
-    import tempfile
-
-    out = tempfile.mkdtemp(prefix="bench-demo-calls-")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
-               JOBTRACE_JOB_ID="bench-demo-calls")
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                          str(ROOT / "benchmarks" / "demo_calls.py"), *extra], env=env, capture_output=True, text=True,
-                         timeout=900)
+    _, run = _torchrun("demo_calls", ranks, *extra)
     if run.returncode != 0:
         raise SystemExit(f"demo_calls failed:\n{run.stderr[-3000:]}")
     return run.stdout

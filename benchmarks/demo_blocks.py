@@ -47,8 +47,26 @@ from otel_instrumentation._logging import JobtraceHandler, TraceContextFormatter
 log = logging.getLogger("demo.train")
 
 
-def _null(*_a: Any, **_k: Any) -> contextlib.nullcontext[None]:
+def null_span(*_a: Any, **_k: Any) -> contextlib.nullcontext[None]:
+    """What ``oi.step``/``oi.phase`` stand in for in plain steps."""
     return contextlib.nullcontext()
+
+
+class LoggingSwitch:
+    """What ``init_tracing`` changed in ``logging`` (the root handler, the console's trace context), undone
+    and redone between traced and plain steps. Built after ``init_tracing``."""
+
+    def __init__(self) -> None:
+        self.root = logging.getLogger()
+        self.traced = list(self.root.handlers)
+        self.plain = [h for h in self.traced if not isinstance(h, JobtraceHandler)]
+        self.consoles = [(h, h.formatter, h.formatter._inner) for h in self.plain  # noqa: SLF001
+                         if isinstance(h.formatter, TraceContextFormatter)]
+
+    def set(self, log: bool, console: bool) -> None:
+        self.root.handlers[:] = self.traced if log else self.plain
+        for h, with_context, inner in self.consoles:
+            h.setFormatter(with_context if console else inner)
 
 
 def main() -> None:
@@ -65,16 +83,10 @@ def main() -> None:
 
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    root = logging.getLogger()
     tracing = oi.init_tracing(flush_interval_s=args.flush_interval)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
-
-    # What the one line changed, to undo and redo between blocks.
-    traced_handlers = list(root.handlers)
-    plain_handlers = [h for h in traced_handlers if not isinstance(h, JobtraceHandler)]
-    consoles = [(h, h.formatter, h.formatter._inner) for h in plain_handlers  # noqa: SLF001
-                if isinstance(h.formatter, TraceContextFormatter)]
+    switch = LoggingSwitch()  # what the one line changed, to undo and redo between blocks
     traced_all_reduce = dist.all_reduce
     plain_all_reduce: Callable[..., Any] = getattr(dist.all_reduce, "__jobtrace_wrapped__", dist.all_reduce)
 
@@ -89,10 +101,8 @@ def main() -> None:
 
     def block(traced: bool, first: int) -> tuple[float, float, float]:
         on = parts if traced else set()
-        root.handlers[:] = traced_handlers if "log" in on else plain_handlers
-        for h, with_context, inner in consoles:
-            h.setFormatter(with_context if "console" in on else inner)
-        step, phase = (oi.step, oi.phase) if "spans" in on else (_null, _null)
+        switch.set(log="log" in on, console="console" in on)
+        step, phase = (oi.step, oi.phase) if "spans" in on else (null_span, null_span)
         metrics = oi.log_metrics if "metrics" in on else (lambda *a, **k: None)
         all_reduce = traced_all_reduce if "collective" in on else plain_all_reduce
         dist.barrier()  # every rank starts the block together

@@ -21,7 +21,6 @@ Rank 0 prints; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import statistics
@@ -32,16 +31,12 @@ import torch
 import torch.distributed as dist
 
 import otel_instrumentation as oi
+from demo_blocks import LoggingSwitch, null_span  # beside this script
 from jobtrace.demo.train import average_gradients, make_model
-from otel_instrumentation._logging import JobtraceHandler, TraceContextFormatter
 from otel_instrumentation._torch import _make_wrapper
 
 log = logging.getLogger("demo.train")
 now = time.perf_counter_ns
-
-
-def _null(*_a: Any, **_k: Any) -> contextlib.nullcontext[None]:
-    return contextlib.nullcontext()
 
 
 def main() -> None:
@@ -60,11 +55,7 @@ def main() -> None:
     model = make_model(args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    root = logging.getLogger()
-    traced_handlers = list(root.handlers)
-    plain_handlers = [h for h in traced_handlers if not isinstance(h, JobtraceHandler)]
-    consoles = [(h, h.formatter, h.formatter._inner) for h in plain_handlers  # noqa: SLF001
-                if isinstance(h.formatter, TraceContextFormatter)]
+    switch = LoggingSwitch()
     plain_all_reduce: Callable[..., Any] = dist.all_reduce.__jobtrace_wrapped__  # type: ignore[attr-defined]
     inner_ns = [0]
 
@@ -78,10 +69,8 @@ def main() -> None:
     times: dict[bool, dict[str, list[int]]] = {True: {}, False: {}}
 
     def step(i: int, traced: bool) -> None:
-        root.handlers[:] = traced_handlers if traced else plain_handlers
-        for h, with_context, inner in consoles:
-            h.setFormatter(with_context if traced else inner)
-        span, phase, metrics = (oi.step, oi.phase, oi.log_metrics) if traced else (_null, _null, _null)
+        switch.set(log=traced, console=traced)
+        span, phase, metrics = (oi.step, oi.phase, oi.log_metrics) if traced else (null_span, null_span, null_span)
         all_reduce = traced_all_reduce if traced else timed_all_reduce
         t: dict[str, int] = {}
 

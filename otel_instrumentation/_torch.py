@@ -67,13 +67,6 @@ def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, gro
         state = groups[key] = [str(name), size, 0]
         return state
 
-    def emit(item: tuple[Any, ...]) -> None:
-        q = rec.queue
-        if q is not None and len(q) < rec.queue_room:
-            q.append(item)  # as in Span.__exit__
-        else:
-            rec.emit(item)
-
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         group = kwargs.get("group") if kwargs else None
@@ -89,22 +82,19 @@ def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, gro
         stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
         parent = stack[-1].span_id if stack else rec.root_span_id
         step = rec.step
+        extra = _ASYNC if kwargs and kwargs.get("async_op") else None
         t0 = time_ns()
         rec.in_collective = (op, state[0], seq, t0, payload)
         try:
-            out = fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except BaseException as exc:
+            extra = {**(extra or {}), "error": f"{type(exc).__name__}: {exc}"}
+            raise
+        finally:
             t1 = time_ns()
             rec.in_collective = None
-            emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload,
-                  {"error": f"{type(exc).__name__}: {exc}"}))
-            raise
-        t1 = time_ns()
-        rec.in_collective = None
-        emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload,
-              _ASYNC if kwargs and kwargs.get("async_op") else None))
-        rec.last_progress_ns = t1
-        return out
+            rec.emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload, extra))
+            rec.last_progress_ns = t1
 
     wrapper.__jobtrace_wrapped__ = fn  # type: ignore[attr-defined]
     return wrapper
