@@ -154,10 +154,10 @@ plain = min(loop() for _ in range(3))
 import otel_instrumentation as oi
 t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), console=False)
 # The record alone, on the calling thread: the same wrapper around a function that does nothing.
-from otel_instrumentation._torch import _make_wrapper
+from otel_instrumentation._torch import wrap_collective
 def noop(tensor, op=None, group=None, async_op=False):
     return None
-wrapped = _make_wrapper(noop, "all_reduce", t.recorder, dist, {})
+wrapped = wrap_collective(noop, "all_reduce", t.recorder, dist, {})
 t0 = time.perf_counter()
 for _ in range(M):
     noop(x)
@@ -223,39 +223,51 @@ print(json.dumps({"step_cpu_us": plain, "traced_cpu_us": statistics.median(tr[0]
 """,}
 
 
-def run_case(name: str, n: int, **fmt: object) -> dict[str, float]:
+def _env(recorder: str | None) -> dict[str, str]:
+    """This process's environment, with ``JOBTRACE_NATIVE`` set for ``recorder`` ("native", "python" or None: the default)."""
+    import os
+
+    env = dict(os.environ)
+    if recorder is not None:
+        env["JOBTRACE_NATIVE"] = "1" if recorder == "native" else "0"
+    return env
+
+
+def run_case(name: str, n: int, recorder: str | None = None, **fmt: object) -> dict[str, float]:
     body = CASES[name]
     for key, value in fmt.items():
         body = body.replace("{" + key + "}", repr(value))
     code = textwrap.dedent(PRELUDE.format(root=str(ROOT), n=n)) + textwrap.dedent(body)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=_env(recorder))
     if out.returncode != 0:
         raise SystemExit(f"case {name} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def median_of(name: str, n: int, repeat: int, **fmt: object) -> dict[str, float]:
-    runs = [run_case(name, n, **fmt) for _ in range(repeat)]
+def median_of(name: str, n: int, repeat: int, recorder: str | None = None, **fmt: object) -> dict[str, float]:
+    runs = [run_case(name, n, recorder, **fmt) for _ in range(repeat)]
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 PARTS = ("spans", "metrics", "log", "console", "collective")
 
 
-def _torchrun(script: str, ranks: int, *args: str, out_arg: bool = False) -> tuple[str, subprocess.CompletedProcess[str]]:
+def _torchrun(script: str, ranks: int, *args: str, out_arg: bool = False,
+              recorder: str | None = None) -> tuple[str, subprocess.CompletedProcess[str]]:
     """Run ``benchmarks/<script>.py`` as a ``ranks``-rank job on its own store; returns its folder and the run."""
     import os
     import tempfile
 
     out = tempfile.mkdtemp(prefix=f"bench-{script}-")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
+    env = dict(_env(recorder), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
                JOBTRACE_JOB_ID=f"bench-{script.replace('_', '-')}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            str(ROOT / "benchmarks" / f"{script}.py"), *(["--out", out] if out_arg else []), *args]
     return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str, ...] = PARTS) -> dict[str, float]:
+def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str, ...] = PARTS,
+                recorder: str | None = None) -> dict[str, float]:
     """The demo job's step with and without tracing in alternating blocks of one job (``demo_blocks.py``).
 
     Medians over ranks of: the plain step (process CPU of all threads, training thread CPU,
@@ -264,7 +276,7 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
     idle wake-ups included).
     """
     out, run = _torchrun("demo_blocks", ranks, "--blocks", str(blocks), "--block-steps", str(block_steps),
-                         "--parts", ",".join(parts) or "none", out_arg=True)
+                         "--parts", ",".join(parts) or "none", out_arg=True, recorder=recorder)
     found = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(ranks)
              if Path(out, f"rank{r}.json").exists()]
     if run.returncode != 0 or len(found) != ranks:
@@ -287,12 +299,18 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
     }
 
 
-def demo_calls(ranks: int, *extra: str) -> str:
+def demo_calls(ranks: int, *extra: str, recorder: str | None = None) -> str:
     """Each tracing call of the demo's step timed on its own, cold, traced against plain (``demo_calls.py``)."""
-    _, run = _torchrun("demo_calls", ranks, *extra)
+    _, run = _torchrun("demo_calls", ranks, *extra, recorder=recorder)
     if run.returncode != 0:
         raise SystemExit(f"demo_calls failed:\n{run.stderr[-3000:]}")
     return run.stdout
+
+
+def _native_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jobtrace_native") is not None
 
 
 def main() -> None:
@@ -300,74 +318,91 @@ def main() -> None:
     p.add_argument("--records", type=int, default=200_000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--blocks", type=int, default=150, help="block pairs of the demo-job runs")
+    p.add_argument("--recorders", default=None,
+                   help="which recorders, comma-separated: native,python (default: both where jobtrace_native is installed)")
+    p.add_argument("--no-parts", action="store_true", help="skip the one-rank runs of each part of the tracing")
     args = p.parse_args()
     n, rep = args.records, args.repeat
+    recorders = args.recorders.split(",") if args.recorders else (["native", "python"] if _native_installed() else ["python"])
 
-    res = {name: median_of(name, n, rep) for name in ("null", "file", "otel_bridge", "jobtrace")}
-    spans = median_of("spans", n, rep)
-    coll = median_of("collective", n, rep)
-    harsh = run_case("demo_step", n, hidden=256, blocks=30, block_steps=100, helpers=True)
-    one_line = run_case("demo_step", n, hidden=256, blocks=30, block_steps=100, helpers=False)
-    demo_sized = run_case("demo_step", n, hidden=1024, blocks=16, block_steps=30, helpers=True)
-    # The real demo job (4 ranks on this machine's cores), and what each part costs on one rank.
-    job = demo_blocks(4, args.blocks)
-    one_rank = {part: demo_blocks(1, args.blocks, parts=(part,)) for part in PARTS}
-    one_rank["all"] = demo_blocks(1, args.blocks)
-    one_rank["none (A/A)"] = demo_blocks(1, args.blocks, parts=())
-    calls = demo_calls(2)
+    base = {name: median_of(name, n, rep) for name in ("null", "file", "otel_bridge")}
+    figures: dict[str, dict[str, Any]] = {}
+    for r in recorders:
+        figures[r] = {
+            "log": median_of("jobtrace", n, rep, r),
+            "spans": median_of("spans", n, rep, r),
+            "coll": median_of("collective", n, rep, r),
+            "harsh": run_case("demo_step", n, r, hidden=256, blocks=30, block_steps=100, helpers=True),
+            "one_line": run_case("demo_step", n, r, hidden=256, blocks=30, block_steps=100, helpers=False),
+            "demo_sized": run_case("demo_step", n, r, hidden=1024, blocks=16, block_steps=30, helpers=True),
+            # The real demo job (4 ranks on this machine's cores), and each call of its step.
+            "job": demo_blocks(4, args.blocks, recorder=r),
+            "calls": demo_calls(2, recorder=r),
+        }
+    one_rank: dict[str, dict[str, float]] = {}
+    if not args.no_parts:  # what each part costs on one rank, with the first recorder
+        one_rank = {part: demo_blocks(1, args.blocks, parts=(part,), recorder=recorders[0]) for part in PARTS}
+        one_rank["all"] = demo_blocks(1, args.blocks, recorder=recorders[0])
+        one_rank["none (A/A)"] = demo_blocks(1, args.blocks, parts=(), recorder=recorders[0])
 
-    floor = res["null"]["thread_us"]
-    print(f"records per run: {n}, runs per case: {rep} (medians)\n")
+    floor = base["null"]["thread_us"]
+    print(f"records per run: {n}, runs per case: {rep} (medians); recorders: {', '.join(recorders)}\n")
     print("calling thread = CPU time of the thread that logs (what training pays); loop wall = wall time per call")
     print("of the logging loop, which also holds while the export thread has the GIL; total CPU = all threads.\n")
     print(f"{'logger.info() with':<24}{'calling thread':>16}{'x floor':>9}{'loop wall':>12}{'total CPU':>12}")
-    for name, label in (("null", "NullHandler (floor)"), ("file", "FileHandler"),
-                        ("otel_bridge", "OTel bridge + batch"), ("jobtrace", "jobtrace")):
-        r = res[name]
-        print(f"{label:<24}{r['thread_us']:>13.2f} µs{r['thread_us'] / floor:>8.2f}x{r['call_us']:>9.2f} µs"
-              f"{r['cpu_us']:>9.2f} µs")
-    print()
-    print(f"step span (jobtrace)        {spans['step_span_us']:8.2f} µs   phase span {spans['phase_span_us']:.2f} µs")
-    print(f"OTel SDK span create+end    {spans['otel_span_us']:8.2f} µs")
-    print(f"collective record           {coll['record_us']:8.2f} µs on the calling thread   (all_reduce, 1-rank gloo,"
-          f" end to end: {coll['plain_us']:.1f} µs plain, {coll['traced_us']:.1f} µs traced, export included)")
-    for label, r in (("1-process MLP step, small", harsh), ("  the same, one line only", one_line),
-                     ("1-process MLP step, larger", demo_sized)):
-        print(f"{label:<28}{r['step_cpu_us']:8.1f} µs CPU plain, {r['traced_cpu_us']:.1f} µs traced: "
-              f"{r['slowdown_pct']:+.2f} % (interquartile {r['q1']:+.2f} .. {r['q3']:+.2f} % over interleaved block pairs;"
-              f" process CPU, all threads, export included); per step +{r['thread_extra_us']:.0f} µs on the training"
-              f" thread, +{r['cpu_extra_us']:.0f} µs in all")
-    added = job["thread_extra_us"] + job["export_us"]
-    job_cpu = added / job["process_cpu_us"] * 100
-    job_wall = job["wall_extra_us"] / job["wall_plain_us"] * 100
-    print(f"demo job, 4 ranks, blocks of 10 steps alternated traced/plain in one job ({job['pairs']} pairs, medians):")
-    print(f"  step wall {job['wall_plain_us']:8.1f} µs plain, {job['wall_extra_us']:+.1f} µs traced ({job_wall:+.2f} %)")
-    print(f"  step CPU  {job['process_cpu_us']:8.1f} µs (process, all threads; training thread "
-          f"{job['thread_plain_us']:.1f} µs): tracing adds {job['thread_extra_us']:+.1f} µs on the training thread "
-          f"+ {job['export_us']:.1f} µs export thread = {job_cpu:+.2f} %")
-    print(f"  (were it a fixed cost, it would be under 1 % of steps longer than {added / 10:.1f} ms of CPU; on this "
-          f"machine it is not fixed: run demo_blocks.py with --hidden 1024 to see a longer step)")
-    print("the same on one rank, one part of the tracing at a time (training thread / export thread per traced step):")
-    for part, r in one_rank.items():
-        print(f"  {part:<12} {r['thread_extra_us']:+7.1f} µs / {r['export_us']:5.1f} µs   "
-              f"(plain step: {r['thread_plain_us']:.0f} µs thread CPU, wall {r['wall_plain_us']:.0f} µs "
-              f"{r['wall_extra_us']:+.0f} µs)")
-    print("each call of the demo's step on its own, cold (demo_calls.py, even steps traced, odd plain, one job):")
-    print(textwrap.indent(calls.rstrip(), "  "))
-    print()
-    goals = [
-        ("calling thread ≤ 1.5x NullHandler floor", res["jobtrace"]["thread_us"] <= 1.5 * floor),
-        ("calling thread < FileHandler", res["jobtrace"]["thread_us"] < res["file"]["thread_us"]),
-        ("loop wall < FileHandler", res["jobtrace"]["call_us"] < res["file"]["call_us"]),
-        ("total CPU ≤ FileHandler", res["jobtrace"]["cpu_us"] <= res["file"]["cpu_us"]),
-        ("step span < 20 µs", spans["step_span_us"] < 20),
-        ("collective record < 5 µs", coll["record_us"] < 5),
-        ("1-process step (larger) slowed < 1 %", demo_sized["slowdown_pct"] < 1),
-        ("demo job step slowed < 1 % (wall, interleaved blocks)", job_wall < 1),
-        ("demo job step costs < 1 % more CPU (interleaved blocks)", job_cpu < 1),
-    ]
-    for goal, ok in goals:
-        print(f"  [{'met' if ok else 'NOT met'}] {goal}")
+    rows = [(base["null"], "NullHandler (floor)"), (base["file"], "FileHandler"), (base["otel_bridge"], "OTel bridge + batch")]
+    rows += [(figures[r]["log"], f"jobtrace ({r})") for r in recorders]
+    for row, label in rows:
+        print(f"{label:<24}{row['thread_us']:>13.2f} µs{row['thread_us'] / floor:>8.2f}x{row['call_us']:>9.2f} µs"
+              f"{row['cpu_us']:>9.2f} µs")
+    print(f"\nOTel SDK span create+end    {figures[recorders[0]]['spans']['otel_span_us']:8.2f} µs")
+    for r in recorders:
+        f = figures[r]
+        spans, coll, job = f["spans"], f["coll"], f["job"]
+        print(f"\n==== the {r} recorder ====")
+        print(f"step span                   {spans['step_span_us']:8.2f} µs   phase span {spans['phase_span_us']:.2f} µs")
+        print(f"collective record           {coll['record_us']:8.2f} µs on the calling thread   (all_reduce, 1-rank gloo,"
+              f" end to end: {coll['plain_us']:.1f} µs plain, {coll['traced_us']:.1f} µs traced, export included)")
+        for label, c in (("1-process MLP step, small", f["harsh"]), ("  the same, one line only", f["one_line"]),
+                         ("1-process MLP step, larger", f["demo_sized"])):
+            print(f"{label:<28}{c['step_cpu_us']:8.1f} µs CPU plain, {c['traced_cpu_us']:.1f} µs traced: "
+                  f"{c['slowdown_pct']:+.2f} % (interquartile {c['q1']:+.2f} .. {c['q3']:+.2f} % over interleaved block pairs;"
+                  f" process CPU, all threads, export included); per step +{c['thread_extra_us']:.0f} µs on the training"
+                  f" thread, +{c['cpu_extra_us']:.0f} µs in all")
+        added = job["thread_extra_us"] + job["export_us"]
+        f["job_cpu"] = job_cpu = added / job["process_cpu_us"] * 100
+        f["job_wall"] = job_wall = job["wall_extra_us"] / job["wall_plain_us"] * 100
+        print(f"demo job, 4 ranks, blocks of 10 steps alternated traced/plain in one job ({job['pairs']} pairs, medians):")
+        print(f"  step wall {job['wall_plain_us']:8.1f} µs plain, {job['wall_extra_us']:+.1f} µs traced ({job_wall:+.2f} %)")
+        print(f"  step CPU  {job['process_cpu_us']:8.1f} µs (process, all threads; training thread "
+              f"{job['thread_plain_us']:.1f} µs): tracing adds {job['thread_extra_us']:+.1f} µs on the training thread "
+              f"+ {job['export_us']:.1f} µs export thread = {job_cpu:+.2f} %")
+        print("each call of the demo's step on its own, cold (demo_calls.py, even steps traced, odd plain, one job):")
+        print(textwrap.indent(f["calls"].rstrip(), "  "))
+    if one_rank:
+        print(f"\nthe demo's step on one rank, one part of the tracing at a time ({recorders[0]} recorder; "
+              "training thread / export thread per traced step):")
+        for part, c in one_rank.items():
+            print(f"  {part:<12} {c['thread_extra_us']:+7.1f} µs / {c['export_us']:5.1f} µs   "
+                  f"(plain step: {c['thread_plain_us']:.0f} µs thread CPU, wall {c['wall_plain_us']:.0f} µs "
+                  f"{c['wall_extra_us']:+.0f} µs)")
+    for r in recorders:
+        f = figures[r]
+        log_ = f["log"]
+        print(f"\ngoals, {r} recorder:")
+        goals = [
+            ("calling thread ≤ 1.5x NullHandler floor", log_["thread_us"] <= 1.5 * floor),
+            ("calling thread < FileHandler", log_["thread_us"] < base["file"]["thread_us"]),
+            ("loop wall < FileHandler", log_["call_us"] < base["file"]["call_us"]),
+            ("total CPU ≤ FileHandler", log_["cpu_us"] <= base["file"]["cpu_us"]),
+            ("step span < 20 µs", f["spans"]["step_span_us"] < 20),
+            ("collective record < 5 µs", f["coll"]["record_us"] < 5),
+            ("1-process step (larger) slowed < 1 %", f["demo_sized"]["slowdown_pct"] < 1),
+            ("demo job step slowed < 1 % (wall, interleaved blocks)", f["job_wall"] < 1),
+            ("demo job step costs < 1 % more CPU (interleaved blocks)", f["job_cpu"] < 1),
+        ]
+        for goal, ok in goals:
+            print(f"  [{'met' if ok else 'NOT met'}] {goal}")
 
 
 if __name__ == "__main__":

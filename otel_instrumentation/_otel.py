@@ -79,10 +79,8 @@ class _LiveSpan(NonRecordingSpan):
         self._flags = TraceFlags(TraceFlags.SAMPLED)
 
     def get_span_context(self) -> SpanContext:
-        stack = self._rec.stack()
-        if self._steps_only:
-            stack = [s for s in stack if s.cat == SpanCategory.STEP]
-        span_id = stack[-1].span_id if stack else (self._rec.root_span_id or 1)
+        rec = self._rec
+        span_id = (rec.current_step_span_id() if self._steps_only else rec.current_span_id()) or 1
         return SpanContext(trace_id=self._trace_id, span_id=span_id, is_remote=False, trace_flags=self._flags)
 
 

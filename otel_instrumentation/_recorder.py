@@ -21,11 +21,13 @@ Item layouts (first element is the kind tag):
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import traceback
 from collections import deque
+from contextlib import AbstractContextManager
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
@@ -40,7 +42,7 @@ from ._identity import Identity
 if TYPE_CHECKING:
     from shippers._batch import BatchWorker
 
-__all__ = ["Recorder", "Span"]
+__all__ = ["Recorder", "Span", "log_fields", "prepare_metric_values"]
 
 _SPAN, _LOG, _METRIC, _BEAT, _COLLECTIVE = 0, 1, 2, 3, 4
 _STEP = SpanCategory.STEP
@@ -82,11 +84,50 @@ def _number(value: Any) -> float | int | str:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
-        return value
+        if -(2**63) <= value < 2**64:
+            return value
+        return float(value) if abs(value) < 2**1023 else str(value)  # beyond JSON's (orjson's) 64-bit ints
     x = float(value)
     if math.isfinite(x):
         return x
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def log_fields(record: logging.LogRecord) -> tuple[Any, Any, str | None]:
+    """A record's ``(msg, args, exception text)`` as queued: the arguments formatted now only when
+    one could change before the export thread runs (exact type checks: ``isinstance`` against
+    typing/abc classes costs microseconds), the exception's traceback as text."""
+    msg, args = record.msg, record.args
+    if args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args))):
+        try:
+            msg, args = record.getMessage(), None
+        except Exception as exc_:  # noqa: BLE001 - written as the export thread writes a bad format
+            msg, args = f"{str(msg)!r} % {args!r} (format error: {exc_})", None
+    exc = record.exc_text
+    if record.exc_info and record.exc_info[0] is not None and not exc:
+        exc = "".join(traceback.format_exception(*record.exc_info))  # rare: an exception is logged
+    return msg, args, exc
+
+
+def prepare_metric_values(values: dict[str, Any]) -> None:
+    """Tensors in ``values`` (the caller's fresh ``**kwargs`` dict: ours to change) made safe to queue.
+
+    On the CPU a tensor's value is read now (no device to wait for; the export thread would pay more
+    for it later, and the tensor could change in place meanwhile). Elsewhere it is read by the export
+    thread, so keep the value, not its autograd graph: ``.data``, the same storage like ``detach()``
+    but without the dispatcher (~3 µs in a cold training step, not 6).
+    """
+    for k, v in values.items():
+        if type(v) in _PLAIN_VALUES:
+            continue
+        if getattr(v, "is_cpu", False):
+            try:
+                values[k] = v.item()
+                continue
+            except (RuntimeError, ValueError):  # not one element: the export thread writes it as text
+                pass
+        if getattr(v, "requires_grad", False):
+            values[k] = v.data
 
 
 class Span:
@@ -117,7 +158,7 @@ class Span:
         self.span_id = getrandbits(64) or 1
         if self.step is None:
             self.step = rec.step
-        elif self.cat == _STEP:
+        elif self.cat == _STEP and type(self.step) is int:  # an odd step is written on its span, not carried
             rec.step = self.step
         stack.append(self)
         self.start = time_ns()
@@ -152,20 +193,33 @@ class Recorder:
 
     def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
         self.identity = identity
+        self.step_end_hooks: list[Callable[[int | None], None]] = []
+        self._strings: dict[str, bytes] = {}
+        self._names: dict[tuple[str, str], bytes] = {}  # a span's name and category, encoded once
+        self._set_base(identity)
+        self._init_hot(emit)
+
+    def _init_hot(self, emit: Callable[[tuple[Any, ...]], None] | None) -> None:
+        """The training thread's state (the compiled recorder keeps it in ``jobtrace_native``)."""
         self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
         # Set by bind(): the export queue that spans append to directly while it is short.
         self.queue: deque[tuple[Any, ...]] | None = None
         self.queue_room = 0
         self.step: int | None = None
-        self.root_span_id = int(identity.parent_span_id, 16) if identity.parent_span_id else None
+        ident = self.identity
+        self.root_span_id: int | None = int(ident.parent_span_id, 16) if ident.parent_span_id else None
         self.last_progress_ns = time_ns()
-        self.step_end_hooks: list[Callable[[int | None], None]] = []
         # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
         self.in_collective: tuple[str, str, int, int, int] | None = None
         self._local = threading.local()
         self.main_stack: list[Span] = []
         self._local.stack = self.main_stack
         self.main_ident = threading.get_ident()
+        # ``new_span(name, cat, step, attrs)``: what the module's ``step()``/``phase()`` call, one call deep.
+        self.new_span: Callable[[str, str, int | None, dict[str, Any] | None], AbstractContextManager[Any]] = (
+            functools.partial(Span, self))
+
+    def _set_base(self, identity: Identity) -> None:
         self._base: dict[str, Any] = {
             "job": identity.job_id,
             "trace_id": identity.trace_id,
@@ -177,8 +231,11 @@ class Recorder:
             "v": SCHEMA_VERSION,
         }
         self._base_json = _DUMPS(self._base)[1:-1]  # the identity fields, encoded once for every line
-        self._strings: dict[str, bytes] = {}
-        self._names: dict[tuple[str, str], bytes] = {}  # a span's name and category, encoded once
+
+    def set_identity(self, identity: Identity) -> None:
+        """A forked child's identity (its own pid): every line written from now on carries it."""
+        self.identity = identity
+        self._set_base(identity)
 
     def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
         """Queue items on ``worker``: through ``emit``, or (spans, log records) straight onto its queue."""
@@ -197,8 +254,25 @@ class Recorder:
         stack = self.main_stack if get_ident() == self.main_ident else self.stack()
         return stack[-1].span_id if stack else self.root_span_id
 
-    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> Span:
-        return Span(self, name, cat, step, attrs or None)
+    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> AbstractContextManager[Any]:
+        """``with rec.span("load", "user", key=value):``; a :class:`Span` (or the compiled recorder's)."""
+        return self.new_span(name, cat, step, attrs or None)
+
+    def current_step_span_id(self) -> int | None:
+        """The innermost step span of the calling thread (``otel_context="step"``)."""
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        for s in reversed(stack):
+            if s.cat == _STEP:
+                return s.span_id
+        return self.root_span_id
+
+    def top(self) -> tuple[str, str, int] | None:
+        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
+        try:
+            s = self.main_stack[-1]
+            return (s.name, s.cat, s.start)
+        except (IndexError, AttributeError):  # popped meanwhile, or not entered yet
+            return None
 
     def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
         # The hottest path of all (every logging call of the process): one thread-id
@@ -206,17 +280,9 @@ class Recorder:
         # (immutable arguments, no exception) goes straight to the queue.
         if record.name.startswith("jobtrace.export"):
             return  # the exporter's own warnings must not loop back into its queue
-        msg, args = record.msg, record.args
-        if args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args))):
-            # Format now only when an argument could change before the export thread runs.
-            # Exact type checks: isinstance against typing/abc classes costs microseconds.
-            try:
-                msg, args = record.getMessage(), None
-            except Exception as exc_:  # noqa: BLE001 - written as the export thread writes a bad format
-                msg, args = f"{str(msg)!r} % {args!r} (format error: {exc_})", None
-        exc = record.exc_text
-        if record.exc_info and record.exc_info[0] is not None and not exc:
-            exc = "".join(traceback.format_exception(*record.exc_info))  # rare: an exception is logged
+        msg, args, exc = record.msg, record.args, record.exc_text
+        if (args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args)))) or record.exc_info:
+            msg, args, exc = log_fields(record)  # rare: arguments that could change, or an exception
         if get_ident() == self.main_ident:
             stack = self.main_stack
             if progress:
@@ -234,22 +300,7 @@ class Recorder:
     def metrics(self, step: int | None, values: dict[str, Any]) -> None:
         """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
         if not _PLAIN_VALUES.issuperset(map(type, values.values())):
-            # A tensor, say. On the CPU its value is read now (no device to wait for; the export thread
-            # would pay more for it later, and the tensor could change in place meanwhile). Elsewhere it is
-            # read by the export thread, so keep the value, not its autograd graph: ``.data``, the same
-            # storage like ``detach()`` but without the dispatcher (~3 µs in a cold training step, not 6).
-            # ``values`` is the caller's own fresh ``**kwargs`` dict: ours to change.
-            for k, v in values.items():
-                if type(v) in _PLAIN_VALUES:
-                    continue
-                if getattr(v, "is_cpu", False):
-                    try:
-                        values[k] = v.item()
-                        continue
-                    except (RuntimeError, ValueError):  # not one element: the export thread writes it as text
-                        pass
-                if getattr(v, "requires_grad", False):
-                    values[k] = v.data
+            prepare_metric_values(values)
         stack = self.main_stack if get_ident() == self.main_ident else self.stack()
         item = (_METRIC, time_ns(), self.step if step is None else step, values,
                 stack[-1].span_id if stack else self.root_span_id)
@@ -356,11 +407,12 @@ class Recorder:
         try:
             m = _DUMPS(msg)
             x = b"" if not exc else b',"exc":' + _DUMPS(exc)
-        except TypeError:
+            level_json, logger_json = self._cached(level), self._cached(logger)
+        except TypeError:  # as in _encode_span
             return None
         return b'{"ts":%d,"kind":"log",%b%b,"level":%b,"logger":%b,"msg":%b%b%b}\n' % (
             int(created * 1e9), self._base_json, b"" if sid is None else b',"span_id":"%016x"' % sid,
-            self._cached(level), self._cached(logger), m, x, b"" if step is None else b',"step":%d' % step)
+            level_json, logger_json, m, x, b"" if step is None else b',"step":%d' % step)
 
     def _encode_span(self, item: tuple[Any, ...]) -> bytes | None:
         _, sid, parent, name, cat, start, end, step, attrs = item
@@ -369,13 +421,13 @@ class Recorder:
             return None
         try:
             a = b"" if not attrs else b',"attrs":' + _DUMPS(attrs, default=json_default, option=_NUMPY)
-        except TypeError:
+            named = self._names.get((name, cat))
+            if named is None:
+                named = b',"name":%b,"cat":%b' % (self._cached(name), self._cached(cat))
+                if len(self._names) < 4096:
+                    self._names[(name, cat)] = named
+        except TypeError:  # not valid UTF-8 (a lone surrogate), say: the general path escapes it
             return None
-        named = self._names.get((name, cat))
-        if named is None:
-            named = b',"name":%b,"cat":%b' % (self._cached(name), self._cached(cat))
-            if len(self._names) < 4096:
-                self._names[(name, cat)] = named
         return b'{"ts":%d,"kind":"span",%b,"span_id":"%016x"%b%b,"start":%d,"dur":%d%b%b}\n' % (
             end, self._base_json, sid, b"" if parent is None else b',"parent_id":"%016x"' % parent,
             named, start, end - start, b"" if step is None else b',"step":%d' % step, a)

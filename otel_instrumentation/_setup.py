@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from time import time_ns
 from types import FrameType, TracebackType
@@ -90,7 +91,8 @@ class Tracing:
         sink_factory: Callable[[Identity], list[Sink]] | None = None,
     ) -> None:
         self.identity = identity
-        self.recorder = Recorder(identity)
+        self.recorder = make_recorder(identity)
+        self.new_span = self.recorder.new_span  # what the module's step()/phase()/span() call
         self._sink_factory = sink_factory
         self.worker: BatchWorker[tuple[Any, ...]] = BatchWorker(
             self.recorder.encode_batch, sinks, flush_interval_s=flush_interval_s
@@ -125,15 +127,15 @@ class Tracing:
             logging.getLogger("jobtrace").warning("jobtrace: %s", w)
 
     # ---- user API -----------------------------------------------------------------------
-    def step(self, i: int, **attrs: Any) -> Span:
+    def step(self, i: int, **attrs: Any) -> AbstractContextManager[Any]:
         """``with tracing.step(i):`` marks one training step (the unit the analysis compares)."""
         return self.recorder.span("step", SpanCategory.STEP, i, **attrs)
 
-    def phase(self, name: str, **attrs: Any) -> Span:
+    def phase(self, name: str, **attrs: Any) -> AbstractContextManager[Any]:
         """``with tracing.phase("forward"):`` a part of a step: data, forward, backward, optimizer…"""
         return self.recorder.span(name, SpanCategory.PHASE, None, **attrs)
 
-    def span(self, name: str, **attrs: Any) -> Span:
+    def span(self, name: str, **attrs: Any) -> AbstractContextManager[Any]:
         return self.recorder.span(name, SpanCategory.USER, None, **attrs)
 
     def log_metrics(self, step: int | None = None, **values: Any) -> None:
@@ -144,7 +146,8 @@ class Tracing:
         return self.worker.force_flush(timeout_s)
 
     def stats(self) -> dict[str, Any]:
-        return asdict(self.worker.stats) | {"queued": self.worker.queued}
+        # Queued: on the worker's queue, and in the compiled recorder's buffer where that is in use.
+        return asdict(self.worker.stats) | {"queued": self.worker.queued + getattr(self.recorder, "pending", 0)}
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Flush and stop. Idempotent; called automatically at exit and on SIGTERM."""
@@ -253,8 +256,7 @@ class Tracing:
             return
         ident = Identity(**{**asdict(self.identity), "pid": os.getpid(), "warnings": (), "forked": True})
         self.identity = ident
-        self.recorder.identity = ident
-        self.recorder._base["pid"] = ident.pid
+        self.recorder.set_identity(ident)
         sinks = self._sink_factory(ident) if self._sink_factory else []
         self.worker = BatchWorker(self.recorder.encode_batch, sinks, flush_interval_s=self._flush_interval_s)
         self.recorder.bind(self.worker)
@@ -280,10 +282,10 @@ class Tracing:
             try:
                 now = time_ns()
                 attrs: dict[str, Any] = {"progress_age_ms": (now - rec.last_progress_ns) // 1_000_000}
-                stack = rec.main_stack
-                if stack:
-                    top = stack[-1]
-                    attrs.update(in_span=top.name, in_cat=top.cat, span_age_ms=(now - top.start) // 1_000_000)
+                top = rec.top()
+                if top is not None:
+                    name, cat, start = top
+                    attrs.update(in_span=name, in_cat=cat, span_age_ms=(now - start) // 1_000_000)
                 coll = rec.in_collective
                 if coll is not None:
                     attrs.update(in_op=coll[0], in_group=coll[1], in_seq=coll[2], op_age_ms=(now - coll[3]) // 1_000_000)
@@ -303,6 +305,18 @@ class Tracing:
                 attach_to_loggers(self.handler)
             except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any bug
                 _stderr(f"heartbeat error: {exc}")
+
+
+def make_recorder(identity: Identity) -> Recorder:
+    """The compiled recorder where ``jobtrace_native`` is installed (``JOBTRACE_NATIVE=0``: the Python one)."""
+    if os.environ.get("JOBTRACE_NATIVE", "1") != "0":
+        try:
+            from ._native import NativeRecorder
+        except ImportError:
+            pass
+        else:
+            return NativeRecorder(identity)
+    return Recorder(identity)
 
 
 def _torch_importable() -> bool:
@@ -450,19 +464,19 @@ def get_tracing() -> Tracing | None:
 
 # The module-level helpers build the Span directly: every layer of call and ``**attrs``
 # re-packing is paid per phase, several times a step, on the training thread.
-def step(i: int, **attrs: Any) -> Span | _NullSpan:
+def step(i: int, **attrs: Any) -> AbstractContextManager[Any]:
     t = _active
-    return Span(t.recorder, "step", SpanCategory.STEP, i, attrs or None) if t is not None else _NULL_SPAN
+    return t.new_span("step", SpanCategory.STEP, i, attrs or None) if t is not None else _NULL_SPAN
 
 
-def phase(name: str, **attrs: Any) -> Span | _NullSpan:
+def phase(name: str, **attrs: Any) -> AbstractContextManager[Any]:
     t = _active
-    return Span(t.recorder, name, SpanCategory.PHASE, None, attrs or None) if t is not None else _NULL_SPAN
+    return t.new_span(name, SpanCategory.PHASE, None, attrs or None) if t is not None else _NULL_SPAN
 
 
-def span(name: str, **attrs: Any) -> Span | _NullSpan:
+def span(name: str, **attrs: Any) -> AbstractContextManager[Any]:
     t = _active
-    return Span(t.recorder, name, SpanCategory.USER, None, attrs or None) if t is not None else _NULL_SPAN
+    return t.new_span(name, SpanCategory.USER, None, attrs or None) if t is not None else _NULL_SPAN
 
 
 def log_metrics(step: int | None = None, **values: Any) -> None:

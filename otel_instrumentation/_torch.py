@@ -31,7 +31,7 @@ from jobtrace.events import COLLECTIVE_OPS
 
 from ._recorder import _COLLECTIVE, _METRIC, Recorder
 
-__all__ = ["instrument_torch", "uninstrument_torch", "memory_hook"]
+__all__ = ["instrument_torch", "uninstrument_torch", "memory_hook", "wrap_collective"]
 
 _PATCHED: dict[tuple[Any, str], Callable[..., Any]] = {}
 _ASYNC: dict[str, Any] = {"async": True}
@@ -47,6 +47,16 @@ def _payload_bytes(obj: Any) -> int:
     return 0
 
 
+def _describe(dist: Any, group: Any) -> tuple[str, int]:
+    """A process group's ``(name, size)``, looked up once per group."""
+    try:
+        size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+        name = getattr(group, "group_name", None) or ("default" if group is None else f"pg{id(group):x}")
+    except Exception:  # noqa: BLE001 - an uninitialised group still gets recorded
+        size, name = -1, "default" if group is None else "unknown"
+    return str(name), size
+
+
 def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, groups: dict[Any, list[Any]]) -> Callable[..., Any]:
     """``groups`` (shared by all ops: the sequence number counts per group, across ops) maps a group's id to
     ``[name, size, last seq]``.
@@ -59,12 +69,7 @@ def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, gro
     process_group_type = getattr(dist, "ProcessGroup", ())
 
     def describe(group: Any, key: Any) -> list[Any]:
-        try:
-            size = dist.get_world_size(group) if group is not None else dist.get_world_size()
-            name = getattr(group, "group_name", None) or ("default" if group is None else f"pg{key:x}")
-        except Exception:  # noqa: BLE001 - an uninitialised group still gets recorded
-            size, name = -1, "default" if group is None else "unknown"
-        state = groups[key] = [str(name), size, 0]
+        state = groups[key] = [*_describe(dist, group), 0]
         return state
 
     @functools.wraps(fn)
@@ -100,6 +105,16 @@ def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, gro
     return wrapper
 
 
+def wrap_collective(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any,
+                    groups: dict[Any, list[Any]]) -> Callable[..., Any]:
+    """``fn`` recorded on every call: by the compiled recorder itself where it is the one in use."""
+    wrap_native = getattr(rec, "wrap_collective", None)
+    if wrap_native is not None:
+        return wrap_native(fn, op, functools.partial(_describe, dist), getattr(dist, "ProcessGroup", ()),  # type: ignore[no-any-return]
+                           _payload_bytes)
+    return _make_wrapper(fn, op, rec, dist, groups)
+
+
 def instrument_torch(rec: Recorder) -> bool:
     """Wrap torch.distributed collectives; False when torch.distributed is not available."""
     try:
@@ -115,7 +130,7 @@ def instrument_torch(rec: Recorder) -> bool:
         if original is None:
             continue
         original = getattr(original, "__jobtrace_wrapped__", original)
-        wrapper = _make_wrapper(original, op, rec, dist, groups)
+        wrapper = wrap_collective(original, op, rec, dist, groups)
         for module in (dist, c10d):
             if hasattr(module, op):
                 _PATCHED.setdefault((module, op), getattr(module, op))

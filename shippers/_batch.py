@@ -87,6 +87,7 @@ class BatchWorker(Generic[T]):
         self._spill_fd: int | None = None
         self._shutdown = False
         self._reported: set[str] = set()
+        self._sources: list[Callable[[], tuple[bytes, int, int]]] = []
         self.stats = WorkerStats()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -114,19 +115,43 @@ class BatchWorker(Generic[T]):
         """
         return self._queue, self._batch_size
 
+    def add_source(self, drain: Callable[[], tuple[bytes, int, int]]) -> None:
+        """A producer that keeps its own queue of encoded lines (the compiled recorder).
+
+        ``drain()`` returns ``(lines, how many, how many could not be encoded)``; the
+        worker calls it on the export thread before its own queue, every time it exports.
+        """
+        self._sources.append(drain)
+
+    def limits(self) -> tuple[int, int]:
+        """``(batch size, queue bound)``: a source wakes the worker at the first and spills at the second."""
+        return self._batch_size, self._max_queue
+
+    def wake(self) -> None:
+        """Export now rather than at the next interval (a batch is waiting)."""
+        self._wake.set()
+
+    def spill_lines(self, data: bytes, n: int, errors: int = 0) -> None:
+        """Encoded lines a full source could not keep: to the spill file, exported after the queue."""
+        self.stats.encode_errors += errors
+        self._spill_write(data, n)
+
     def _spill(self, item: T) -> None:
         try:
             lines = self._encode_batch([item])
         except Exception:  # noqa: BLE001 - counted, never raised into training code
             self.stats.encode_errors += 1
             return
+        self._spill_write(b"".join(lines), 1)
+
+    def _spill_write(self, data: bytes, n: int) -> None:
         with self._spill_lock:
             if self._spill_fd is None:
                 path = self._spill_path or f"/tmp/jobtrace-spill-{os.getpid()}.jsonl"
                 self._spill_path = path
                 self._spill_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.write(self._spill_fd, b"".join(lines))
-            self.stats.spilled += 1
+            os.write(self._spill_fd, data)
+            self.stats.spilled += n
         self._wake.set()
 
     # ---- export thread ----------------------------------------------------------
@@ -139,6 +164,15 @@ class BatchWorker(Generic[T]):
 
     def _export_all(self) -> None:
         with self._export_lock:
+            for drain in self._sources:
+                try:
+                    data, n, errors = drain()
+                except Exception as exc:  # noqa: BLE001 - a source must never kill the worker
+                    self._report_once("source", exc)
+                    continue
+                self.stats.encode_errors += errors
+                if data:
+                    self._write_chunk(data, n)
             q = self._queue
             while q:
                 n = min(len(q), self._batch_size)
@@ -162,6 +196,18 @@ class BatchWorker(Generic[T]):
             self._guard(sink, "write", functools.partial(sink.write, lines))
         self.stats.exported += len(lines)
 
+    def _write_chunk(self, data: bytes, n: int) -> None:
+        """``n`` whole lines in one bytes object: as they are to sinks that take chunks, split for the rest."""
+        split: list[bytes] | None = None
+        for sink in self._sinks:
+            if getattr(sink, "takes_chunks", False):
+                lines = [data]
+            else:
+                split = split if split is not None else data.splitlines(keepends=True)
+                lines = split
+            self._guard(sink, "write", functools.partial(sink.write, lines))
+        self.stats.exported += n
+
     def _drain_spill(self) -> None:
         with self._spill_lock:
             if self._spill_fd is None or self._spill_path is None:
@@ -170,7 +216,7 @@ class BatchWorker(Generic[T]):
                 data = fh.read()
             os.ftruncate(self._spill_fd, 0)
         if data:
-            self._write(data.splitlines(keepends=True))
+            self._write_chunk(data, data.count(b"\n"))
 
     def _guard(self, sink: Sink, what: str, fn: Callable[[], None]) -> None:
         try:

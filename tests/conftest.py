@@ -28,15 +28,23 @@ def _no_tracing_outlives_its_test():
         leftover.shutdown(timeout_s=5)
 
 
-@pytest.fixture
-def tracing(tmp_path, monkeypatch):
-    """A live ``init_tracing`` for this test, writing to a temporary store; shut down afterwards."""
+@pytest.fixture(params=["native", "python"])
+def tracing(request, tmp_path, monkeypatch):
+    """A live ``init_tracing`` for this test, writing to a temporary store; shut down afterwards.
+
+    Once with the compiled recorder (``jobtrace_native``, which CI builds) and once with the Python one.
+    """
     import otel_instrumentation as oi
 
     for var in [v for v in os.environ if v.startswith(("JOBTRACE_", "SLURM_", "OMPI_", "PMI_")) or v in
                 ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TRACEPARENT")]:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("JOBTRACE_NATIVE", "1" if request.param == "native" else "0")
     t = oi.init_tracing("test-job", data_dir=str(tmp_path), heartbeat_s=0.2, torch=False)
+    kind = type(t.recorder).__name__
+    if kind != {"native": "NativeRecorder", "python": "Recorder"}[request.param]:
+        t.shutdown()
+        pytest.fail(f"asked for the {request.param} recorder, got {kind} (is ./ingest/native installed?)")
     yield t
     t.shutdown()
 

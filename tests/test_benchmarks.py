@@ -34,9 +34,10 @@ def _figures(result: dict[str, float]) -> None:
     assert result and all(isinstance(v, (int, float)) and math.isfinite(v) for v in result.values()), result
 
 
-@pytest.mark.parametrize("case", ["null", "file", "otel_bridge", "jobtrace", "spans", "collective"])
-def test_each_micro_case_gives_its_figures(bench, case):
-    result = bench.run_case(case, 2000)
+@pytest.mark.parametrize("case,recorder", [("null", None), ("file", None), ("otel_bridge", None)] + [
+    (case, recorder) for case in ("jobtrace", "spans", "collective") for recorder in ("native", "python")])
+def test_each_micro_case_gives_its_figures(bench, case, recorder):
+    result = bench.run_case(case, 2000, recorder)
     _figures(result)
     times = {k: v for k, v in result.items() if k.endswith("_us")}
     assert times and all(v > 0 for v in times.values()), result
@@ -45,17 +46,20 @@ def test_each_micro_case_gives_its_figures(bench, case):
 
 
 def test_the_one_process_step_case_gives_its_figures(bench):
-    result = bench.run_case("demo_step", 2000, hidden=64, blocks=2, block_steps=5, helpers=True)
+    result = bench.run_case("demo_step", 2000, "native", hidden=64, blocks=2, block_steps=5, helpers=True)
     _figures(result)
     assert result["step_cpu_us"] > 0 and result["traced_cpu_us"] > 0
 
 
 @pytest.mark.torchjob
-def test_the_demo_job_cases_give_their_figures(bench):
-    blocks = bench.demo_blocks(1, 3)
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_the_demo_job_cases_give_their_figures(bench, recorder):
+    blocks = bench.demo_blocks(1, 3, recorder=recorder)
     _figures(blocks)
     assert blocks["pairs"] == 3 and blocks["wall_plain_us"] > 0 and blocks["export_us"] >= 0
-    calls = bench.demo_calls(2, "--steps", "40", "--export-steps", "20")
+    calls = bench.demo_calls(2, "--steps", "40", "--export-steps", "20", recorder=recorder)
+    export = ("export (drain, write)",) if recorder == "native" else ("export, encoded", "export, no encoding")
+    assert calls.startswith({"native": "NativeRecorder", "python": "Recorder"}[recorder]), calls
     for site in ("step enter", "backward exit", "all_reduce record", "log_metrics", "logger.info",
-                 "training thread", "export, encoded", "export, no encoding"):
+                 "training thread", *export):
         assert site in calls, calls

@@ -37,63 +37,13 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
+mod json;
 mod literals;
 mod moments;
+mod recorder;
+use json::{json_float, json_str, push_int};
 use literals::LineFilter;
 use moments::MomentStore;
-
-// ---- JSON text, as orjson writes it --------------------------------------------------
-
-/// A JSON string of valid UTF-8 text, escaped as orjson escapes it.
-fn json_str(out: &mut Vec<u8>, s: &[u8]) {
-    out.push(b'"');
-    let mut start = 0;
-    for (i, &c) in s.iter().enumerate() {
-        let esc: &[u8] = match c {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            c if c < 0x20 => {
-                out.extend_from_slice(&s[start..i]);
-                out.extend_from_slice(format!("\\u{:04x}", c).as_bytes());
-                start = i + 1;
-                continue;
-            }
-            _ => continue,
-        };
-        out.extend_from_slice(&s[start..i]);
-        out.extend_from_slice(esc);
-        start = i + 1;
-    }
-    out.extend_from_slice(&s[start..]);
-    out.push(b'"');
-}
-
-/// A float as orjson writes it, where that is certain: shortest round-trip digits in
-/// decimal notation, which orjson uses for magnitudes in [1e-5, 1e16); `None` elsewhere.
-fn json_float(x: f64) -> Option<String> {
-    if x == 0.0 {
-        return Some(if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() });
-    }
-    let a = x.abs();
-    if !(1e-5..1e16).contains(&a) {
-        return None;
-    }
-    let mut s = format!("{}", x);
-    if !s.contains('.') {
-        s.push_str(".0");
-    }
-    Some(s)
-}
-
-fn push_int(out: &mut Vec<u8>, v: i64) {
-    let mut b = itoa::Buffer::new();
-    out.extend_from_slice(b.format(v).as_bytes());
-}
 
 // ---- the strict Python logging head (ingest/_plain.py) -------------------------------
 
@@ -2800,6 +2750,7 @@ fn write_pending(buf: &mut Vec<u8>, open: &[u8], p: &Pending, ts: i64) {
 fn jobtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FastLane>()?;
     m.add_class::<MomentStore>()?;
+    recorder::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

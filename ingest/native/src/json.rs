@@ -1,0 +1,84 @@
+//! JSON text as orjson writes it: the compiled parts write lines byte for byte as the Python encoders do.
+
+/// A JSON string of valid UTF-8 text, escaped as orjson escapes it.
+pub(crate) fn json_str(out: &mut Vec<u8>, s: &[u8]) {
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &c) in s.iter().enumerate() {
+        let esc: &[u8] = match c {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            c if c < 0x20 => {
+                out.extend_from_slice(&s[start..i]);
+                out.extend_from_slice(format!("\\u{:04x}", c).as_bytes());
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&s[start..i]);
+        out.extend_from_slice(esc);
+        start = i + 1;
+    }
+    out.extend_from_slice(&s[start..]);
+    out.push(b'"');
+}
+
+/// A float as orjson writes it, where that is certain: shortest round-trip digits in
+/// decimal notation, which orjson uses for magnitudes in [1e-5, 1e16); `None` elsewhere.
+pub(crate) fn json_float(x: f64) -> Option<String> {
+    if x == 0.0 {
+        return Some(if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() });
+    }
+    let a = x.abs();
+    if !(1e-5..1e16).contains(&a) {
+        return None;
+    }
+    let mut s = format!("{}", x);
+    if !s.contains('.') {
+        s.push_str(".0");
+    }
+    Some(s)
+}
+
+pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
+    let mut b = itoa::Buffer::new();
+    out.extend_from_slice(b.format(v).as_bytes());
+}
+
+/// Any finite float as the installed orjson writes it, or false. Decimal notation in [1e-5, 1e16);
+/// outside it, the shortest round-trip digits in scientific notation, whose exponent's sign
+/// orjson releases write differently (`1e16` before 3.13, `1e+16` since): `sci_plus` says
+/// which (probed by the caller), `None` hands such a number back.
+pub(crate) fn push_float(out: &mut Vec<u8>, x: f64, sci_plus: Option<bool>) -> bool {
+    if let Some(s) = json_float(x) {
+        out.extend_from_slice(s.as_bytes());
+        return true;
+    }
+    let Some(plus) = sci_plus else { return false };
+    let s = format!("{:e}", x);
+    match s.split_once('e') {
+        Some((m, e)) if plus && !e.starts_with('-') => {
+            out.extend_from_slice(m.as_bytes());
+            out.extend_from_slice(b"e+");
+            out.extend_from_slice(e.as_bytes());
+        }
+        _ => out.extend_from_slice(s.as_bytes()),
+    }
+    true
+}
+
+/// A 64-bit id as 16 lowercase hex digits, as Python's `"%016x"` writes it.
+pub(crate) fn push_hex16(out: &mut Vec<u8>, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut b = [0u8; 16];
+    for (i, d) in b.iter_mut().enumerate() {
+        *d = HEX[((v >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&b);
+}
