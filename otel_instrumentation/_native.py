@@ -82,6 +82,8 @@ class NativeRecorder(Recorder):
         self.current_span_id = core.current_span_id  # type: ignore[method-assign]
         self.current_step_span_id = core.current_step_span_id  # type: ignore[method-assign]
         self.top = core.top  # type: ignore[method-assign]
+        # Host RSS at step ends (``_torch.memory_hook`` asks for it), read by the core without a Python call.
+        self.sample_rss: Callable[[float, int], bool] = core.sample_rss
         self.drain: Callable[[], tuple[bytes, int, int]] = core.drain
 
     # The training thread's state, kept by the core.

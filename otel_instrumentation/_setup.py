@@ -117,7 +117,9 @@ class Tracing:
             self.torch_instrumented = instrument_torch(self.recorder)
             if self.torch_instrumented:
                 self._undo.append(uninstrument_torch)
-            self.recorder.step_end_hooks.append(memory_hook(self.recorder, memory_interval_s))
+            hook = memory_hook(self.recorder, memory_interval_s)
+            if hook is not None:
+                self.recorder.step_end_hooks.append(hook)
         self._stop_beat = threading.Event()
         self._beat_thread = threading.Thread(target=self._beat_loop, name="jobtrace-heartbeat", daemon=True)
         self._beat_thread.start()

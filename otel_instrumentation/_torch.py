@@ -144,10 +144,11 @@ def uninstrument_torch() -> None:
     _PATCHED.clear()
 
 
-def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Callable[[int | None], None]:
+def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Callable[[int | None], None] | None:
     """A step-end hook recording CUDA memory counters (when initialised) and host RSS (rate-limited).
 
-    ``cuda``: the ``torch.cuda`` module (the default); the seam a test without a GPU uses.
+    ``cuda``: the ``torch.cuda`` module (the default); the seam a test without a GPU uses. With the
+    compiled recorder, which reads RSS itself, None when there is no CUDA to read either.
     """
     if cuda is None:
         try:
@@ -157,11 +158,18 @@ def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Cal
             cuda = torch.cuda if (torch.version.cuda or getattr(torch.version, "hip", None)) else None
         except Exception:  # noqa: BLE001
             cuda = None
-    try:
-        # Kept open and read with pread: reopening /proc/self/statm costs ~30 µs a step.
-        statm_fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
-    except OSError:
-        statm_fd = None
+    statm_fd: int | None = None
+    sample_rss = getattr(rec, "sample_rss", None)
+    if sample_rss is not None and sample_rss(interval_s, _PAGE):
+        pass  # the compiled recorder reads RSS at step ends itself: this hook is for CUDA only
+    else:
+        try:
+            # Kept open and read with pread: reopening /proc/self/statm costs ~30 µs a step.
+            statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            statm_fd = None
+    if statm_fd is None and cuda is None:
+        return None
     interval_ns = int(interval_s * 1e9)
     next_rss_ns = 0
 

@@ -276,3 +276,26 @@ def test_a_forked_child_exports_only_its_own_events(tmp_path):
             ev = orjson.loads(line)
             by_pid.setdefault(ev["pid"], []).append(ev["name"])
     assert by_pid == {os.getpid(): ["parent"], pid: ["child"]}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="host RSS is read from /proc")
+@pytest.mark.parametrize("interval_s,expected", [(0.0, [0, 1, 2]), (3600.0, [0])])
+def test_host_rss_is_read_at_step_ends_at_most_once_per_interval(interval_s, expected):
+    """The compiled recorder samples RSS itself (memory_hook's rule: the first step end at or after each deadline)."""
+    from otel_instrumentation._torch import memory_hook
+
+    nat = NativeRecorder(IDENT)
+    nat.root_span_id = 0xFEED
+    hook = memory_hook(nat, interval_s)  # reads CUDA counters only, where torch has CUDA (it is not initialised)
+    if hook is not None:
+        nat.step_end_hooks.append(hook)
+    for i in range(3):
+        with nat.span("step", "step", step=i):
+            with nat.span("forward", "phase"):
+                pass
+    rss = [orjson.loads(x) for x in drained(nat) if b'"metric"' in x]
+    assert [e["step"] for e in rss] == expected
+    page = os.sysconf("SC_PAGE_SIZE")
+    statm = int(open("/proc/self/statm").read().split()[1]) * page
+    for e in rss:
+        assert e["span_id"] == f"{0xFEED:016x}" and 0.5 * statm < e["metrics"]["rss_bytes"] < 2 * statm

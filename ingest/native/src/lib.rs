@@ -1,4 +1,5 @@
-//! jobtrace's compiled ingest fast lane.
+//! jobtrace's compiled parts: the ingest fast lane (this file, with `literals` and `moments`)
+//! and the training thread's recorder (`recorder`, used by `otel_instrumentation._native`).
 //!
 //! The Python engine (`ingest/_engine.py`) is the reference: it reads every format and
 //! keeps every rule. Most lines of a training log are a handful of kinds, though, and

@@ -1,19 +1,19 @@
 //! The training thread's recorder, compiled: spans, collectives, metric points and log
-//! records written as event lines into one byte buffer, with no Python object per event.
+//! records kept as small structs at the call and written as event lines by the drain.
 //!
 //! `otel_instrumentation/_recorder.py` is the reference. In a training step each of its
 //! calls runs once, on caches the model's kernels have just evicted, where every line of
 //! Python costs about a microsecond; the demo's step paid ~50 µs on the training thread
-//! and ~37 µs on the export thread for its eight events (`benchmarks/demo_calls.py`).
-//! Here a span's enter and exit are one C call each, its line is written at exit (ids as
-//! hex, the identity fields copied from one pre-encoded chunk), and the export thread only
-//! takes the buffer (`Recorder.drain`).
+//! and ~25–37 µs on the export thread for its eight events (`benchmarks/demo_calls.py`).
+//! Here a span's enter and exit are one C call each that push and pop a frame and queue a
+//! struct; the export thread's drain writes every queued event in one tight loop (warm
+//! caches, the GIL released), which costs a fraction of writing each line at its call.
 //!
 //! What is not common is handed to Python, never dropped: a log record whose arguments
 //! could change (formatted by Python first), one with an exception, a metric value that
 //! is not a number or a CPU tensor, attributes that need `orjson`, text that is not valid
-//! UTF-8. Such events are *held* in the buffer's order, and the drain encodes them with
-//! the Python encoder, so a line never depends on which recorder wrote it
+//! UTF-8. Such events stay in the queue in order, and the drain encodes them with the
+//! Python encoder, so a line never depends on which recorder wrote it
 //! (`tests/otel_instrumentation/test_native_recorder.py` compares the two byte for byte).
 //!
 //! Locking: every method borrows the recorder only while it runs Rust code. Python code
@@ -21,7 +21,10 @@
 //! can switch threads, and the heartbeat and export threads borrow the recorder too, so
 //! such calls happen before or after a borrow, never inside one.
 
+use std::fs::File;
 use std::mem::take;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -31,7 +34,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::json::{json_str, push_float, push_hex16, push_int};
+use crate::json::{json_float, json_str, push_float, push_hex16, push_int};
 
 // Item tags of `_recorder.py`.
 const SPAN: i64 = 0;
@@ -101,54 +104,77 @@ fn json_of(v: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
 /// How the installed orjson writes an exponent: 0 unknown (such floats go to Python), 1 `1e16`, 2 `1e+16`.
 static SCI_STYLE: AtomicU8 = AtomicU8::new(0);
 
-/// A metric value as `_recorder._number` writes it, when it is a plain number.
-fn push_number(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> bool {
-    if v.is_exact_instance_of::<PyFloat>() {
-        let x: f64 = v.extract().unwrap_or(f64::NAN);
-        if x.is_finite() {
-            let style = match SCI_STYLE.load(Ordering::Relaxed) {
-                1 => Some(false),
-                2 => Some(true),
-                _ => None,
-            };
-            return push_float(out, x, style);
-        } else if x.is_nan() {
-            out.extend_from_slice(b"\"NaN\"");
-        } else {
-            out.extend_from_slice(if x > 0.0 { b"\"Infinity\"" } else { b"\"-Infinity\"" });
-        }
-        true
-    } else if v.is_exact_instance_of::<PyBool>() {
-        out.push(if v.is_truthy().unwrap_or(false) { b'1' } else { b'0' });
-        true
-    } else if let Some(i) = exact_i64(v) {
-        push_int(out, i);
-        true
-    } else {
-        false
+fn sci_plus() -> Option<bool> {
+    match SCI_STYLE.load(Ordering::Relaxed) {
+        1 => Some(false),
+        2 => Some(true),
+        _ => None,
     }
 }
 
-/// What an event's write asks of its caller once the recorder is no longer borrowed.
-#[derive(PartialEq)]
-enum Signal {
-    None,
-    /// A batch is waiting: wake the export thread (once per batch).
-    Wake,
-    /// The buffer is full (the sinks cannot keep up): write it to the spill file now.
-    Spill,
+/// A JSON chunk shared by every event that repeats it (a span's name and category, a metric's key).
+type Chunk = Arc<[u8]>;
+
+#[derive(Clone, Copy)]
+enum Num {
+    F(f64),
+    I(i64),
 }
 
-struct Frame {
-    span: Py<Span>,
-    id: u64,
-    parent: Option<u64>,
-    start: i64,
-    step: Option<i64>,
+/// A metric value as `_recorder._number` reads it, when it is a plain number the drain can write.
+fn number(v: &Bound<'_, PyAny>) -> Option<Num> {
+    if v.is_exact_instance_of::<PyFloat>() {
+        let x: f64 = v.extract().ok()?;
+        if x.is_finite() && json_float(x).is_none() && sci_plus().is_none() {
+            return None; // written by orjson, whose notation for it is not known here
+        }
+        Some(Num::F(x))
+    } else if v.is_exact_instance_of::<PyBool>() {
+        Some(Num::I(v.is_truthy().ok()? as i64))
+    } else {
+        exact_i64(v).map(Num::I)
+    }
 }
 
-/// An event the drain encodes with the Python encoder, or (a common log record) formats first.
-enum Held {
+fn push_num(out: &mut Vec<u8>, n: Num) {
+    match n {
+        Num::I(i) => push_int(out, i),
+        Num::F(x) if x.is_nan() => out.extend_from_slice(b"\"NaN\""),
+        Num::F(x) if x.is_infinite() => out.extend_from_slice(if x > 0.0 { b"\"Infinity\"" } else { b"\"-Infinity\"" }),
+        Num::F(x) => {
+            push_float(out, x, sci_plus());
+        }
+    }
+}
+
+/// A queued event. Spans, collectives and metric points are written by the drain without Python;
+/// `Log` (formatted with Python's `%` first) and `Item` (the Python encoder's) need the GIL.
+enum Ev {
+    Span {
+        sid: u64,
+        parent: Option<u64>,
+        named: Chunk,
+        start: i64,
+        end: i64,
+        step: Option<i64>,
+        attrs: Option<Box<[u8]>>,
+    },
+    Coll {
+        sid: u64,
+        parent: Option<u64>,
+        op: Chunk,
+        group: Chunk,
+        size: i64,
+        seq: i64,
+        bytes: i64,
+        start: i64,
+        end: i64,
+        step: Option<i64>,
+        is_async: bool,
+        error: Option<Box<[u8]>>,
+    },
+    /// Its values are `mvals[from..to]`.
+    Metric { ts: i64, sid: Option<u64>, step: Option<i64>, from: u32, to: u32 },
     Log {
         created: f64,
         level: Py<PyAny>,
@@ -162,9 +188,122 @@ enum Held {
     Item(Py<PyAny>),
 }
 
+fn head(out: &mut Vec<u8>, base: &[u8], ts: i64, kind: &[u8]) {
+    out.extend_from_slice(b"{\"ts\":");
+    push_int(out, ts);
+    out.extend_from_slice(b",\"kind\":\"");
+    out.extend_from_slice(kind);
+    out.extend_from_slice(b"\",");
+    out.extend_from_slice(base);
+}
+
+fn push_id(out: &mut Vec<u8>, key: &[u8], id: Option<u64>) {
+    if let Some(v) = id {
+        out.extend_from_slice(key);
+        push_hex16(out, v);
+        out.push(b'"');
+    }
+}
+
+fn push_step(out: &mut Vec<u8>, step: Option<i64>) {
+    if let Some(s) = step {
+        out.extend_from_slice(b",\"step\":");
+        push_int(out, s);
+    }
+}
+
+/// The line of a span, a collective or a metric point, as the Python encoder writes it
+/// (`_encode_span`, `_as_span`, `_encode_metric`); false for the events Python writes.
+fn encode(out: &mut Vec<u8>, base: &[u8], ev: &Ev, mvals: &[(Chunk, Num)]) -> bool {
+    match ev {
+        Ev::Span { sid, parent, named, start, end, step, attrs } => {
+            head(out, base, *end, b"span");
+            push_id(out, b",\"span_id\":\"", Some(*sid));
+            push_id(out, b",\"parent_id\":\"", *parent);
+            out.extend_from_slice(named);
+            out.extend_from_slice(b",\"start\":");
+            push_int(out, *start);
+            out.extend_from_slice(b",\"dur\":");
+            push_int(out, end - start);
+            push_step(out, *step);
+            if let Some(a) = attrs {
+                out.extend_from_slice(b",\"attrs\":");
+                out.extend_from_slice(a);
+            }
+        }
+        Ev::Coll { sid, parent, op, group, size, seq, bytes, start, end, step, is_async, error } => {
+            head(out, base, *end, b"span");
+            push_id(out, b",\"span_id\":\"", Some(*sid));
+            push_id(out, b",\"parent_id\":\"", *parent);
+            out.extend_from_slice(b",\"name\":");
+            out.extend_from_slice(op);
+            out.extend_from_slice(b",\"cat\":\"collective\",\"start\":");
+            push_int(out, *start);
+            out.extend_from_slice(b",\"dur\":");
+            push_int(out, end - start);
+            push_step(out, *step);
+            out.extend_from_slice(b",\"attrs\":{\"op\":");
+            out.extend_from_slice(op);
+            out.extend_from_slice(b",\"group\":");
+            out.extend_from_slice(group);
+            out.extend_from_slice(b",\"group_size\":");
+            push_int(out, *size);
+            out.extend_from_slice(b",\"seq\":");
+            push_int(out, *seq);
+            out.extend_from_slice(b",\"bytes\":");
+            push_int(out, *bytes);
+            if *is_async {
+                out.extend_from_slice(b",\"async\":true");
+            }
+            if let Some(e) = error {
+                out.extend_from_slice(b",\"error\":");
+                out.extend_from_slice(e);
+            }
+            out.push(b'}');
+        }
+        Ev::Metric { ts, sid, step, from, to } => {
+            head(out, base, *ts, b"metric");
+            push_id(out, b",\"span_id\":\"", *sid);
+            out.extend_from_slice(b",\"metrics\":{");
+            for (i, (k, v)) in mvals[*from as usize..*to as usize].iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(k);
+                out.push(b':');
+                push_num(out, *v);
+            }
+            out.push(b'}');
+            push_step(out, *step);
+        }
+        Ev::Log { .. } | Ev::Item(_) => return false,
+    }
+    out.extend_from_slice(b"}\n");
+    true
+}
+
+/// What an event's queueing asks of its caller once the recorder is no longer borrowed.
+#[derive(PartialEq)]
+enum Signal {
+    None,
+    /// A batch is waiting: wake the export thread (once per batch).
+    Wake,
+    /// The queue is full (the sinks cannot keep up): write it to the spill file now.
+    Spill,
+}
+
+struct Frame {
+    span: Py<Span>,
+    id: u64,
+    parent: Option<u64>,
+    start: i64,
+    step: Option<i64>,
+}
+
 struct Group {
     name: Py<PyAny>,
-    name_json: Option<Vec<u8>>,
+    /// None: a name that is not valid text (such collectives are written by the Python encoder).
+    name_json: Option<Chunk>,
     size: i64,
     seq: i64,
 }
@@ -177,10 +316,33 @@ struct InCollective {
     bytes: i64,
 }
 
+/// Host RSS at step ends, at most once per interval (`_torch.memory_hook`'s rule, without its Python call).
+struct Rss {
+    statm: File,
+    interval_ns: i64,
+    next_ns: i64,
+    page: i64,
+}
+
+impl Rss {
+    fn open(interval_ns: i64, page: i64) -> Option<Rss> {
+        let statm = File::open("/proc/self/statm").ok()?;
+        Some(Rss { statm, interval_ns, next_ns: 0, page })
+    }
+
+    fn read(&self) -> Option<i64> {
+        let mut buf = [0u8; 128];
+        let n = self.statm.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let pages: i64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * self.page)
+    }
+}
+
 /// The hot path of one process's tracing; `otel_instrumentation._native.NativeRecorder` wraps it.
 #[pyclass(module = "jobtrace_native")]
 pub struct Recorder {
-    base: Vec<u8>,
+    base: Arc<[u8]>,
     /// The current training step, as the step span set it.
     #[pyo3(get, set)]
     step: Option<i64>,
@@ -193,16 +355,23 @@ pub struct Recorder {
     main: Vec<Frame>,
     others: HashMap<u64, Vec<Frame>>,
     ids: u64,
-    buf: Vec<u8>,
-    held: Vec<(usize, Held)>,
-    events: usize,
+    evs: Vec<Ev>,
+    mvals: Vec<(Chunk, Num)>,
     woken: bool,
     batch: usize,
     max_events: usize,
     in_coll: Option<InCollective>,
     groups: HashMap<usize, Group>,
+    /// Shared span objects (no step, no attributes) by (name, cat) object; they keep both alive.
     spans: HashMap<(usize, usize), Py<Span>>,
+    /// `,"name":…,"cat":…` by (name, cat) object, for spans made anew each time (step spans).
+    names: HashMap<(usize, usize), (Py<PyAny>, Py<PyAny>, Chunk)>,
+    /// A metric key's JSON by key object (kept alive here, so its address is not reused).
+    keys: HashMap<usize, (Py<PyAny>, Chunk)>,
+    /// Level and logger names' JSON, used by the drain (export thread).
     strings: HashMap<String, Vec<u8>>,
+    rss: Option<Rss>,
+    rss_key: Chunk,
     hooks: Py<PyList>,
     slow_log: Py<PyAny>,
     slow_metrics: Py<PyAny>,
@@ -211,6 +380,8 @@ pub struct Recorder {
     wake: Option<Py<PyAny>>,
     spill: Option<Py<PyAny>>,
 }
+
+const CACHE_MAX: usize = 4096;
 
 impl Recorder {
     fn next_id(&mut self) -> u64 {
@@ -249,11 +420,12 @@ impl Recorder {
         self.stack_ref().and_then(|s| s.last()).map(|f| f.id).or(self.root_span_id)
     }
 
-    fn note_event(&mut self) -> Signal {
-        self.events += 1;
-        if self.events >= self.max_events {
+    fn push(&mut self, ev: Ev) -> Signal {
+        self.evs.push(ev);
+        let n = self.evs.len();
+        if n >= self.max_events {
             Signal::Spill
-        } else if self.events >= self.batch && !self.woken {
+        } else if n >= self.batch && !self.woken {
             self.woken = true;
             Signal::Wake
         } else {
@@ -261,72 +433,26 @@ impl Recorder {
         }
     }
 
-    fn head(&mut self, ts: i64, kind: &[u8]) {
-        let b = &mut self.buf;
-        b.extend_from_slice(b"{\"ts\":");
-        push_int(b, ts);
-        b.extend_from_slice(b",\"kind\":\"");
-        b.extend_from_slice(kind);
-        b.extend_from_slice(b"\",");
-        b.extend_from_slice(&self.base);
-    }
-
-    /// `_encode_span`'s line; `named` is `,"name":…,"cat":…`, `attrs` the JSON object or nothing.
-    #[allow(clippy::too_many_arguments)]
-    fn span_line(&mut self, sid: u64, parent: Option<u64>, named: &[u8], start: i64, end: i64, step: Option<i64>, attrs: &[&[u8]]) {
-        self.head(end, b"span");
-        let b = &mut self.buf;
-        b.extend_from_slice(b",\"span_id\":\"");
-        push_hex16(b, sid);
-        b.push(b'"');
-        if let Some(p) = parent {
-            b.extend_from_slice(b",\"parent_id\":\"");
-            push_hex16(b, p);
-            b.push(b'"');
-        }
-        b.extend_from_slice(named);
-        b.extend_from_slice(b",\"start\":");
-        push_int(b, start);
-        b.extend_from_slice(b",\"dur\":");
-        push_int(b, end - start);
-        if let Some(s) = step {
-            b.extend_from_slice(b",\"step\":");
-            push_int(b, s);
-        }
-        if !attrs.is_empty() {
-            b.extend_from_slice(b",\"attrs\":");
-            for part in attrs {
-                b.extend_from_slice(part);
-            }
-        }
-        b.extend_from_slice(b"}\n");
-    }
-
-    fn metric_line(&mut self, ts: i64, sid: Option<u64>, metrics: &[u8], step: Option<i64>) {
-        self.head(ts, b"metric");
-        let b = &mut self.buf;
-        if let Some(s) = sid {
-            b.extend_from_slice(b",\"span_id\":\"");
-            push_hex16(b, s);
-            b.push(b'"');
-        }
-        b.extend_from_slice(b",\"metrics\":");
-        b.extend_from_slice(metrics);
-        if let Some(s) = step {
-            b.extend_from_slice(b",\"step\":");
-            push_int(b, s);
-        }
-        b.extend_from_slice(b"}\n");
-    }
-
-    fn hold(&mut self, h: Held) -> Signal {
-        let at = self.buf.len();
-        self.held.push((at, h));
-        self.note_event()
+    fn push_metric(&mut self, ts: i64, sid: Option<u64>, step: Option<i64>, values: impl Iterator<Item = (Chunk, Num)>) -> Signal {
+        let from = self.mvals.len() as u32;
+        self.mvals.extend(values);
+        let to = self.mvals.len() as u32;
+        self.push(Ev::Metric { ts, sid, step, from, to })
     }
 }
 
-/// After a write: wake the export thread, or spill the buffer, with the recorder no longer borrowed.
+/// `,"name":…,"cat":…` of a span; None when either is not valid text.
+fn named_of(name: &Bound<'_, PyAny>, cat: &Bound<'_, PyAny>) -> Option<Chunk> {
+    let (n, c) = (json_of(name)?, json_of(cat)?);
+    let mut v = Vec::with_capacity(n.len() + c.len() + 16);
+    v.extend_from_slice(b",\"name\":");
+    v.extend_from_slice(&n);
+    v.extend_from_slice(b",\"cat\":");
+    v.extend_from_slice(&c);
+    Some(v.into())
+}
+
+/// After queueing: wake the export thread, or spill the queue, with the recorder no longer borrowed.
 fn signal(rec: &Bound<'_, Recorder>, s: Signal) -> PyResult<()> {
     match s {
         Signal::None => Ok(()),
@@ -351,9 +477,27 @@ fn signal(rec: &Bound<'_, Recorder>, s: Signal) -> PyResult<()> {
     }
 }
 
-fn hold_item(rec: &Bound<'_, Recorder>, item: Bound<'_, PyAny>) -> PyResult<()> {
-    let s = rec.try_borrow_mut()?.hold(Held::Item(item.unbind()));
+fn push_signal(rec: &Bound<'_, Recorder>, ev: Ev) -> PyResult<()> {
+    let s = rec.try_borrow_mut()?.push(ev);
     signal(rec, s)
+}
+
+fn hold_item(rec: &Bound<'_, Recorder>, item: Bound<'_, PyAny>) -> PyResult<()> {
+    push_signal(rec, Ev::Item(item.unbind()))
+}
+
+/// A metric key's JSON, cached by key object.
+fn key_json(rec: &Bound<'_, Recorder>, k: &Bound<'_, PyAny>) -> PyResult<Option<Chunk>> {
+    if let Some((_, j)) = rec.try_borrow()?.keys.get(&(k.as_ptr() as usize)) {
+        return Ok(Some(j.clone()));
+    }
+    let Some(j) = json_of(k) else { return Ok(None) };
+    let j: Chunk = j.into();
+    let mut me = rec.try_borrow_mut()?;
+    if me.keys.len() < CACHE_MAX {
+        me.keys.insert(k.as_ptr() as usize, (k.clone().unbind(), j.clone()));
+    }
+    Ok(Some(j))
 }
 
 #[pymethods]
@@ -373,7 +517,7 @@ impl Recorder {
     ) -> Recorder {
         SCI_STYLE.store(sci_style, Ordering::Relaxed);
         Recorder {
-            base: base.to_vec(),
+            base: base.into(),
             step: None,
             last_progress_ns: now_ns(),
             root_span_id,
@@ -381,16 +525,19 @@ impl Recorder {
             main: Vec::new(),
             others: HashMap::default(),
             ids: fresh_seed(),
-            buf: Vec::with_capacity(1 << 16),
-            held: Vec::new(),
-            events: 0,
+            evs: Vec::with_capacity(1024),
+            mvals: Vec::with_capacity(256),
             woken: false,
             batch: 16384,
             max_events: 200_000,
             in_coll: None,
             groups: HashMap::default(),
             spans: HashMap::default(),
+            names: HashMap::default(),
+            keys: HashMap::default(),
             strings: HashMap::default(),
+            rss: None,
+            rss_key: b"\"rss_bytes\"".to_vec().into(),
             hooks: hooks.unbind(),
             slow_log,
             slow_metrics,
@@ -410,17 +557,25 @@ impl Recorder {
         self.max_events = max_events.max(1);
     }
 
+    /// Record host RSS (`rss_bytes`) at step ends, at most once per interval; false where /proc cannot be read.
+    fn sample_rss(&mut self, interval_s: f64, page_size: i64) -> bool {
+        self.rss = Rss::open((interval_s * 1e9) as i64, page_size);
+        self.rss.is_some()
+    }
+
     /// In a forked child: the parent exports what was queued; new ids, new identity fields.
     fn after_fork(&mut self, base: &[u8]) {
-        self.base = base.to_vec();
-        self.buf = Vec::with_capacity(1 << 16);
-        self.held = Vec::new();
-        self.events = 0;
+        self.base = base.into();
+        self.evs = Vec::with_capacity(1024);
+        self.mvals = Vec::with_capacity(256);
         self.woken = false;
         self.ids = fresh_seed();
         self.in_coll = None;
         self.wake = None;
         self.spill = None;
+        if let Some(r) = &self.rss {
+            self.rss = Rss::open(r.interval_ns, r.page); // /proc/self of the child, not the parent's
+        }
     }
 
     /// A span context manager. Without a step or attributes it is one shared object per
@@ -440,21 +595,28 @@ impl Recorder {
         };
         let step = step.filter(|s| !s.is_none());
         let key = (name.as_ptr() as usize, cat.as_ptr() as usize);
-        if step.is_none() && attrs.is_none() {
-            if let Some(s) = slf.try_borrow()?.spans.get(&key) {
-                return Ok(s.clone_ref(py));
+        let cacheable = step.is_none() && attrs.is_none();
+        let named = {
+            let me = slf.try_borrow()?;
+            if cacheable {
+                if let Some(s) = me.spans.get(&key) {
+                    return Ok(s.clone_ref(py));
+                }
             }
-        }
-        let named = match (json_of(name), json_of(cat)) {
-            (Some(n), Some(c)) => {
-                let mut v = Vec::with_capacity(n.len() + c.len() + 16);
-                v.extend_from_slice(b",\"name\":");
-                v.extend_from_slice(&n);
-                v.extend_from_slice(b",\"cat\":");
-                v.extend_from_slice(&c);
-                Some(v)
+            me.names.get(&key).map(|(_, _, c)| c.clone())
+        };
+        let named = match named {
+            Some(c) => Some(c),
+            None => {
+                let c = named_of(name, cat);
+                if let Some(c) = &c {
+                    let mut me = slf.try_borrow_mut()?;
+                    if me.names.len() < CACHE_MAX {
+                        me.names.insert(key, (name.clone().unbind(), cat.clone().unbind(), c.clone()));
+                    }
+                }
+                c
             }
-            _ => None,
         };
         let is_step = cat.cast_exact::<PyString>().map(|c| c.to_str().map(|s| s == "step").unwrap_or(false)).unwrap_or(false);
         let (int_step, odd_step) = match step {
@@ -464,7 +626,6 @@ impl Recorder {
                 None => (None, Some(s.clone().unbind())),
             },
         };
-        let cacheable = step.is_none() && attrs.is_none();
         let span = Py::new(
             py,
             Span {
@@ -481,7 +642,7 @@ impl Recorder {
         )?;
         if cacheable {
             let mut me = slf.try_borrow_mut()?;
-            if me.spans.len() < 4096 {
+            if me.spans.len() < CACHE_MAX {
                 me.spans.insert(key, span.clone_ref(py));
             }
         }
@@ -522,20 +683,32 @@ impl Recorder {
     /// Events queued and not yet drained.
     #[getter]
     fn pending(&self) -> usize {
-        self.events
+        self.evs.len()
     }
 
-    /// The hot path of every logging call: the record's fields, formatted later by the drain.
+    /// The hot path of every logging call: the record's fields, formatted by the drain.
     #[pyo3(signature = (record, progress=true))]
-    fn log_record(slf: &Bound<'_, Self>, record: &Bound<'_, PyAny>, progress: bool) -> PyResult<()> {
+    fn log_record<'py>(slf: &Bound<'py, Self>, record: &Bound<'py, PyAny>, progress: bool) -> PyResult<()> {
         let py = slf.py();
-        let name = record.getattr(intern!(py, "name"))?;
+        // One read of the instance dict, then dict lookups (a getattr also searches the class first).
+        let Ok(d) = record.getattr(intern!(py, "__dict__")).and_then(|d| Ok(d.cast_into::<PyDict>()?)) else {
+            return slow(slf, record, progress);
+        };
+        let get = |k: &Bound<'py, PyString>| d.get_item(k).ok().flatten();
+        let (Some(name), Some(msg), Some(args), Some(created), Some(level)) = (
+            get(intern!(py, "name")),
+            get(intern!(py, "msg")),
+            get(intern!(py, "args")),
+            get(intern!(py, "created")),
+            get(intern!(py, "levelname")),
+        ) else {
+            return slow(slf, record, progress);
+        };
         if let Ok(n) = name.cast::<PyString>() {
             if n.to_str().map(|s| s.starts_with("jobtrace.export")).unwrap_or(false) {
                 return Ok(()); // the exporter's own warnings must not loop back into its queue
             }
         }
-        let args = record.getattr(intern!(py, "args"))?;
         let args = if args.is_none() || !args.is_truthy()? {
             None
         } else if let Ok(t) = args.cast_exact::<PyTuple>() {
@@ -555,26 +728,20 @@ impl Recorder {
         } else {
             return slow(slf, record, progress);
         };
-        let exc_info = record.getattr(intern!(py, "exc_info"))?;
-        let exc_text = record.getattr(intern!(py, "exc_text"))?;
-        if (!exc_info.is_none() && exc_info.is_truthy()?) || (!exc_text.is_none() && exc_text.is_truthy()?) {
+        let truthy = |k: &Bound<'py, PyString>| get(k).map(|v| !v.is_none() && v.is_truthy().unwrap_or(true)).unwrap_or(false);
+        if truthy(intern!(py, "exc_info")) || truthy(intern!(py, "exc_text")) {
             return slow(slf, record, progress); // rare: an exception's text
         }
-        let created = record.getattr(intern!(py, "created"))?;
         let Some(created) = created.cast_exact::<PyFloat>().ok().map(|f| f.value()) else {
             return slow(slf, record, progress);
         };
-        let level = record.getattr(intern!(py, "levelname"))?.unbind();
-        let msg = record.getattr(intern!(py, "msg"))?.unbind();
         let s = {
             let mut me = slf.try_borrow_mut()?;
-            let main = thread_ident() == me.main_ident;
-            if main && progress {
+            if progress && thread_ident() == me.main_ident {
                 me.last_progress_ns = now_ns();
             }
-            let sid = me.top_id();
-            let step = me.step;
-            me.hold(Held::Log { created, level, logger: name.unbind(), msg, args, exc: None, sid, step })
+            let (sid, step) = (me.top_id(), me.step);
+            me.push(Ev::Log { created, level: level.unbind(), logger: name.unbind(), msg: msg.unbind(), args, exc: None, sid, step })
         };
         signal(slf, s)
     }
@@ -607,7 +774,7 @@ impl Recorder {
         };
         let args = if args.is_none() || !args.is_truthy()? { None } else { Some(args.clone().unbind()) };
         let exc = if exc.is_none() || !exc.is_truthy()? { None } else { Some(exc.clone().unbind()) };
-        let s = slf.try_borrow_mut()?.hold(Held::Log {
+        push_signal(slf, Ev::Log {
             created: created_f,
             level: level.clone().unbind(),
             logger: logger.clone().unbind(),
@@ -616,11 +783,10 @@ impl Recorder {
             exc,
             sid,
             step,
-        });
-        signal(slf, s)
+        })
     }
 
-    /// `log_metrics`: plain numbers (and CPU tensors, read now) written here; anything else by Python.
+    /// `log_metrics`: plain numbers (and CPU tensors, read now) queued here; anything else by Python.
     #[pyo3(signature = (step, values))]
     fn metrics(slf: &Bound<'_, Self>, step: &Bound<'_, PyAny>, values: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
@@ -631,116 +797,78 @@ impl Recorder {
         };
         let Some(step) = opt_i64(step) else { return slow() };
         let Ok(d) = values.cast::<PyDict>() else { return slow() };
-        let mut m = Vec::with_capacity(64);
-        m.push(b'{');
-        for (i, (k, v)) in d.iter().enumerate() {
-            let Some(key) = json_of(&k) else { return slow() };
-            if i > 0 {
-                m.push(b',');
-            }
-            m.extend_from_slice(&key);
-            m.push(b':');
-            if push_number(&mut m, &v) {
-                continue;
-            }
-            // A CPU tensor's value is read now, as the Python recorder does (see its `metrics`).
-            let cpu = v.getattr(intern!(py, "is_cpu")).map(|c| c.is_truthy().unwrap_or(false)).unwrap_or(false);
-            if !cpu {
-                return slow();
-            }
-            match v.call_method0(intern!(py, "item")) {
-                Ok(x) if push_number(&mut m, &x) => {}
-                _ => return slow(),
-            }
+        let mut vals: Vec<(Chunk, Num)> = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let Some(key) = key_json(slf, &k)? else { return slow() };
+            let n = match number(&v) {
+                Some(n) => n,
+                None => {
+                    // A CPU tensor's value is read now, as the Python recorder does (see its `metrics`).
+                    let cpu = v.getattr(intern!(py, "is_cpu")).map(|c| c.is_truthy().unwrap_or(false)).unwrap_or(false);
+                    match cpu.then(|| v.call_method0(intern!(py, "item")).ok()).flatten().and_then(|x| number(&x)) {
+                        Some(n) => n,
+                        None => return slow(),
+                    }
+                }
+            };
+            vals.push((key, n));
         }
-        m.push(b'}');
         let s = {
             let mut me = slf.try_borrow_mut()?;
             let ts = now_ns();
-            let sid = me.top_id();
-            let step = step.or(me.step);
-            me.metric_line(ts, sid, &m, step);
-            me.note_event()
+            let (sid, step) = (me.top_id(), step.or(me.step));
+            me.push_metric(ts, sid, step, vals.into_iter())
         };
         signal(slf, s)
     }
 
-    /// Queue an item in `_recorder.py`'s layout: spans and plain metric points are written
-    /// here, log records held for the drain, anything else encoded by Python at the drain.
+    /// Queue an item in `_recorder.py`'s layout: spans and plain metric points are written by the
+    /// drain, log records formatted there, anything else encoded by Python at the drain.
     fn emit(slf: &Bound<'_, Self>, item: &Bound<'_, PyAny>) -> PyResult<()> {
         let py = slf.py();
         let Ok(t) = item.cast_exact::<PyTuple>() else { return hold_item(slf, item.clone()) };
         let tag = t.get_item(0).ok().and_then(|x| exact_i64(&x));
+        let f = |i: usize| t.get_item(i);
         match (tag, t.len()) {
             (Some(SPAN), 9) => {
-                let f = |i: usize| t.get_item(i);
-                let (sid, parent, start, end, step) = (f(1)?, f(2)?, f(5)?, f(6)?, f(7)?);
-                let attrs = f(8)?;
-                let parts = (exact_u64(&sid), opt_u64(&parent), json_of(&f(3)?), json_of(&f(4)?), exact_i64(&start),
+                let (sid, parent, start, end, step, attrs) = (f(1)?, f(2)?, f(5)?, f(6)?, f(7)?, f(8)?);
+                let parts = (exact_u64(&sid), opt_u64(&parent), named_of(&f(3)?, &f(4)?), exact_i64(&start),
                              exact_i64(&end), opt_i64(&step));
-                if let (Some(sid), Some(parent), Some(n), Some(c), Some(start), Some(end), Some(step)) = parts {
-                    let a = if attrs.is_none() || !attrs.is_truthy()? {
-                        None
-                    } else {
-                        let enc = slf.try_borrow()?.encode_attrs.clone_ref(py);
-                        match enc.call1(py, (&attrs,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
-                            Ok(b) => Some(b),
-                            Err(_) => return hold_item(slf, item.clone()),
+                let (Some(sid), Some(parent), Some(named), Some(start), Some(end), Some(step)) = parts else {
+                    return hold_item(slf, item.clone());
+                };
+                let attrs = if attrs.is_none() || !attrs.is_truthy()? {
+                    None
+                } else {
+                    let enc = slf.try_borrow()?.encode_attrs.clone_ref(py);
+                    match enc.call1(py, (&attrs,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
+                        Ok(b) => Some(b.into_boxed_slice()),
+                        Err(_) => return hold_item(slf, item.clone()),
+                    }
+                };
+                push_signal(slf, Ev::Span { sid, parent, named, start, end, step, attrs })
+            }
+            (Some(METRIC), 5) => {
+                let (ts, step, values, sid) = (f(1)?, f(2)?, f(3)?, f(4)?);
+                if let (Some(ts), Some(step), Some(sid), Ok(d)) = (exact_i64(&ts), opt_i64(&step), opt_u64(&sid), values.cast::<PyDict>()) {
+                    let mut vals = Vec::with_capacity(d.len());
+                    for (k, v) in d.iter() {
+                        match (key_json(slf, &k)?, number(&v)) {
+                            (Some(k), Some(n)) => vals.push((k, n)),
+                            _ => return hold_item(slf, item.clone()),
                         }
-                    };
-                    let mut named = Vec::with_capacity(n.len() + c.len() + 16);
-                    named.extend_from_slice(b",\"name\":");
-                    named.extend_from_slice(&n);
-                    named.extend_from_slice(b",\"cat\":");
-                    named.extend_from_slice(&c);
-                    let s = {
-                        let mut me = slf.try_borrow_mut()?;
-                        match &a {
-                            Some(a) => me.span_line(sid, parent, &named, start, end, step, &[a]),
-                            None => me.span_line(sid, parent, &named, start, end, step, &[]),
-                        }
-                        me.note_event()
-                    };
+                    }
+                    let s = slf.try_borrow_mut()?.push_metric(ts, sid, step, vals.into_iter());
                     return signal(slf, s);
                 }
                 hold_item(slf, item.clone())
             }
-            (Some(METRIC), 5) => {
-                let (ts, step, values, sid) = (t.get_item(1)?, t.get_item(2)?, t.get_item(3)?, t.get_item(4)?);
-                if let (Some(ts), Some(step), Some(sid), Ok(d)) = (exact_i64(&ts), opt_i64(&step), opt_u64(&sid), values.cast::<PyDict>()) {
-                    let mut m = vec![b'{'];
-                    let mut plain = true;
-                    for (i, (k, v)) in d.iter().enumerate() {
-                        let Some(key) = json_of(&k) else { plain = false; break };
-                        if i > 0 {
-                            m.push(b',');
-                        }
-                        m.extend_from_slice(&key);
-                        m.push(b':');
-                        if !push_number(&mut m, &v) {
-                            plain = false;
-                            break;
-                        }
-                    }
-                    if plain {
-                        m.push(b'}');
-                        let s = {
-                            let mut me = slf.try_borrow_mut()?;
-                            me.metric_line(ts, sid, &m, step);
-                            me.note_event()
-                        };
-                        return signal(slf, s);
-                    }
-                }
-                hold_item(slf, item.clone())
-            }
             (Some(LOG), 9) => {
-                let f = |i: usize| t.get_item(i);
                 let (created, sid, step) = (f(1)?, f(7)?, f(8)?);
                 match (created.cast_exact::<PyFloat>().ok().map(|c| c.value()), opt_u64(&sid), opt_i64(&step)) {
                     (Some(created), Some(sid), Some(step)) => {
                         let (args, exc) = (f(5)?, f(6)?);
-                        let held = Held::Log {
+                        push_signal(slf, Ev::Log {
                             created,
                             level: f(2)?.unbind(),
                             logger: f(3)?.unbind(),
@@ -749,9 +877,7 @@ impl Recorder {
                             exc: if exc.is_none() || !exc.is_truthy()? { None } else { Some(exc.unbind()) },
                             sid,
                             step,
-                        };
-                        let s = slf.try_borrow_mut()?.hold(held);
-                        signal(slf, s)
+                        })
                     }
                     _ => hold_item(slf, item.clone()),
                 }
@@ -772,64 +898,67 @@ impl Recorder {
         group_type: Py<PyAny>,
         payload_bytes: Py<PyAny>,
     ) -> PyResult<Collective> {
-        let mut named = b",\"name\":".to_vec();
-        let op_json = json_of(op.as_any()).unwrap_or_else(|| b"\"?\"".to_vec());
-        named.extend_from_slice(&op_json);
-        named.extend_from_slice(b",\"cat\":\"collective\"");
-        Ok(Collective {
-            core: slf.clone().unbind(),
-            fn_,
-            op: op.clone().unbind(),
-            op_json,
-            named,
-            describe,
-            group_type,
-            payload_bytes,
-        })
+        let op_json: Option<Chunk> = json_of(op.as_any()).map(Into::into);
+        Ok(Collective { core: slf.clone().unbind(), fn_, op: op.clone().unbind(), op_json, describe, group_type, payload_bytes })
     }
 
-    /// Everything queued, as event lines: `(bytes, lines, lines that could not be encoded)`.
-    /// Runs on the export thread.
+    /// Everything queued, as event lines: `(bytes, lines, events that could not be encoded)`.
+    /// Runs on the export thread: spans, collectives and metric points are written with the
+    /// GIL released, then the log records and Python's items with it.
     fn drain(slf: &Bound<'_, Self>) -> PyResult<(Py<PyBytes>, usize, usize)> {
         let py = slf.py();
-        let (buf, held, n, mut strings, base, encode_one) = {
+        let (evs, mvals, mut strings, base, encode_one) = {
             let mut me = slf.try_borrow_mut()?;
             me.woken = false;
-            let cap = me.buf.capacity().min(1 << 22);
-            let buf = std::mem::replace(&mut me.buf, Vec::with_capacity(cap));
-            (buf, take(&mut me.held), take(&mut me.events), take(&mut me.strings), me.base.clone(), me.encode_one.clone_ref(py))
+            let (ec, mc) = (me.evs.capacity().clamp(1024, 1 << 16), me.mvals.capacity().clamp(256, 1 << 16));
+            let evs = std::mem::replace(&mut me.evs, Vec::with_capacity(ec));
+            let mvals = std::mem::replace(&mut me.mvals, Vec::with_capacity(mc));
+            (evs, mvals, take(&mut me.strings), me.base.clone(), me.encode_one.clone_ref(py))
         };
-        if held.is_empty() {
+        let n = evs.len();
+        let (out, holes) = py.detach(|| {
+            let mut out = Vec::with_capacity(n * 320);
+            let mut holes: Vec<(usize, usize)> = Vec::new();
+            for (i, ev) in evs.iter().enumerate() {
+                if !encode(&mut out, &base, ev, &mvals) {
+                    holes.push((out.len(), i));
+                }
+            }
+            (out, holes)
+        });
+        if holes.is_empty() {
             slf.try_borrow_mut()?.strings = strings;
-            return Ok((PyBytes::new(py, &buf).unbind(), n, 0));
+            return Ok((PyBytes::new(py, &out).unbind(), n, 0));
         }
-        let mut out = Vec::with_capacity(buf.len() + held.len() * 320);
-        let mut prev = 0;
-        let mut errors = 0;
-        for (at, h) in held {
-            out.extend_from_slice(&buf[prev..at]);
+        let mut full = Vec::with_capacity(out.len() + holes.len() * 320);
+        let (mut prev, mut errors) = (0, 0);
+        for (at, i) in holes {
+            full.extend_from_slice(&out[prev..at]);
             prev = at;
-            let item = match h {
-                Held::Log { created, level, logger, msg, args, exc, sid, step } => {
-                    if log_line(py, &mut out, &mut strings, &base, created, &level, &logger, &msg, &args, &exc, sid, step) {
+            let item = match &evs[i] {
+                Ev::Log { created, level, logger, msg, args, exc, sid, step } => {
+                    if log_line(py, &mut full, &mut strings, &base, *created, level, logger, msg, args, exc, *sid, *step) {
                         continue;
                     }
-                    PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.into_pyobject(py)?.into_any(), level.into_bound(py),
-                        logger.into_bound(py), msg.into_bound(py),
-                        args.map(|a| a.into_bound(py)).unwrap_or_else(|| py.None().into_bound(py)),
-                        exc.map(|a| a.into_bound(py)).unwrap_or_else(|| py.None().into_bound(py)),
+                    let none = || py.None().into_bound(py);
+                    PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.into_pyobject(py)?.into_any(),
+                        level.bind(py).clone(), logger.bind(py).clone(), msg.bind(py).clone(),
+                        args.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
+                        exc.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
                         sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?.into_any()
                 }
-                Held::Item(it) => it.into_bound(py),
+                Ev::Item(it) => it.bind(py).clone(),
+                _ => continue, // written above
             };
             match encode_one.call1(py, (item,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
-                Ok(line) => out.extend_from_slice(&line),
+                Ok(line) => full.extend_from_slice(&line),
                 Err(_) => errors += 1,
             }
         }
-        out.extend_from_slice(&buf[prev..]);
+        full.extend_from_slice(&out[prev..]);
         slf.try_borrow_mut()?.strings = strings;
-        Ok((PyBytes::new(py, &out).unbind(), n - errors, errors))
+        drop(evs); // the held Python objects, released with the GIL held and the recorder not borrowed
+        Ok((PyBytes::new(py, &full).unbind(), n - errors, errors))
     }
 }
 
@@ -872,42 +1001,37 @@ fn log_line(
             None => return false,
         },
     };
-    let mut cached = |v: &Py<PyAny>| -> Option<Vec<u8>> {
-        let s = v.bind(py).cast_exact::<PyString>().ok()?.to_str().ok()?;
-        if let Some(j) = strings.get(s) {
-            return Some(j.clone());
+    for v in [level, logger] {
+        let Some(s) = v.bind(py).cast_exact::<PyString>().ok().and_then(|s| s.to_str().ok()) else { return false };
+        if !strings.contains_key(s) && strings.len() < CACHE_MAX {
+            let mut j = Vec::with_capacity(s.len() + 2);
+            json_str(&mut j, s.as_bytes());
+            strings.insert(s.to_owned(), j);
         }
-        let mut j = Vec::with_capacity(s.len() + 2);
-        json_str(&mut j, s.as_bytes());
-        if strings.len() < 4096 {
-            strings.insert(s.to_owned(), j.clone());
+    }
+    let json = |v: &Py<PyAny>, out: &mut Vec<u8>| {
+        let s = v.bind(py).cast_exact::<PyString>().ok().and_then(|s| s.to_str().ok()).unwrap_or_default();
+        match strings.get(s) {
+            Some(j) => out.extend_from_slice(j),
+            None => json_str(out, s.as_bytes()), // the cache is full
         }
-        Some(j)
     };
-    let (Some(lv), Some(lg)) = (cached(level), cached(logger)) else { return false };
     out.extend_from_slice(b"{\"ts\":");
     push_int(out, (created * 1e9) as i64);
     out.extend_from_slice(b",\"kind\":\"log\",");
     out.extend_from_slice(base);
-    if let Some(s) = sid {
-        out.extend_from_slice(b",\"span_id\":\"");
-        push_hex16(out, s);
-        out.push(b'"');
-    }
+    push_id(out, b",\"span_id\":\"", sid);
     out.extend_from_slice(b",\"level\":");
-    out.extend_from_slice(&lv);
+    json(level, out);
     out.extend_from_slice(b",\"logger\":");
-    out.extend_from_slice(&lg);
+    json(logger, out);
     out.extend_from_slice(b",\"msg\":");
     json_str(out, text.as_bytes());
     if let Some(e) = exc_text {
         out.extend_from_slice(b",\"exc\":");
         json_str(out, e.as_bytes());
     }
-    if let Some(s) = step {
-        out.extend_from_slice(b",\"step\":");
-        push_int(out, s);
-    }
+    push_step(out, step);
     out.extend_from_slice(b"}\n");
     true
 }
@@ -918,7 +1042,7 @@ fn slow(rec: &Bound<'_, Recorder>, record: &Bound<'_, PyAny>, progress: bool) ->
     Ok(())
 }
 
-/// `with rec.span(...)`: enter pushes a frame on the calling thread's stack, exit writes the line.
+/// `with rec.span(...)`: enter pushes a frame on the calling thread's stack, exit queues the span.
 #[pyclass(frozen, module = "jobtrace_native")]
 pub struct Span {
     core: Py<Recorder>,
@@ -927,7 +1051,7 @@ pub struct Span {
     #[pyo3(get)]
     cat: Py<PyAny>,
     /// `,"name":…,"cat":…`; None when either is not valid text (the Python encoder writes it).
-    named: Option<Vec<u8>>,
+    named: Option<Chunk>,
     is_step: bool,
     step: Option<i64>,
     /// A step that is not an int: its span is written by the Python encoder, and not carried to phases.
@@ -986,7 +1110,7 @@ impl Span {
         let py = slf.py();
         let this = slf.get();
         let core = this.core.bind(py);
-        // Attributes with an error: a dict as the Python recorder builds it, encoded before borrowing.
+        // Attributes (rare): with an error, a dict as the Python recorder builds it; encoded before borrowing.
         let attrs: Option<Bound<'_, PyAny>> = match exc_type {
             Some(t) if !t.is_none() => {
                 let d = PyDict::new(py);
@@ -1000,11 +1124,11 @@ impl Span {
             }
             _ => this.attrs.as_ref().map(|a| a.bind(py).clone()),
         };
-        let encoded: Option<Vec<u8>> = match &attrs {
+        let encoded: Option<Box<[u8]>> = match &attrs {
             None => None,
             Some(a) => {
                 let enc = core.try_borrow()?.encode_attrs.clone_ref(py);
-                enc.call1(py, (a,)).and_then(|b| b.extract::<Vec<u8>>(py)).ok()
+                enc.call1(py, (a,)).and_then(|b| b.extract::<Vec<u8>>(py)).ok().map(Vec::into_boxed_slice)
             }
         };
         let native = this.named.is_some() && this.odd_step.is_none() && (attrs.is_none() || encoded.is_some());
@@ -1019,17 +1143,36 @@ impl Span {
             };
             let Some(frame) = frame else { return Ok(false) }; // exited without entering: nothing to record
             me.last_progress_ns = end;
-            let s = if native {
-                let named = this.named.as_deref().unwrap_or_default();
-                match &encoded {
-                    Some(a) => me.span_line(frame.id, frame.parent, named, frame.start, end, frame.step, &[a]),
-                    None => me.span_line(frame.id, frame.parent, named, frame.start, end, frame.step, &[]),
-                }
-                me.note_event()
-            } else {
-                Signal::None
+            let mut s = match (&this.named, native) {
+                (Some(named), true) => me.push(Ev::Span {
+                    sid: frame.id,
+                    parent: frame.parent,
+                    named: named.clone(),
+                    start: frame.start,
+                    end,
+                    step: frame.step,
+                    attrs: encoded,
+                }),
+                _ => Signal::None,
             };
-            let hooks = if this.is_step { Some(me.hooks.clone_ref(py)) } else { None };
+            let mut hooks = None;
+            if this.is_step {
+                if let Some(rss) = &mut me.rss {
+                    if end >= rss.next_ns {
+                        rss.next_ns = end + rss.interval_ns;
+                        if let Some(bytes) = rss.read() {
+                            let (root, key) = (me.root_span_id, me.rss_key.clone());
+                            let s2 = me.push_metric(end, root, frame.step, std::iter::once((key, Num::I(bytes))));
+                            if s == Signal::None {
+                                s = s2;
+                            }
+                        }
+                    }
+                }
+                if !me.hooks.bind(py).is_empty() {
+                    hooks = Some(me.hooks.clone_ref(py));
+                }
+            }
             (frame, s, hooks)
         };
         if !native {
@@ -1042,9 +1185,8 @@ impl Span {
                 frame.start.into_pyobject(py)?.into_any(), end.into_pyobject(py)?.into_any(), step,
                 attrs.unwrap_or_else(|| py.None().into_bound(py))])?;
             hold_item(core, item.into_any())?;
-        } else {
-            signal(core, s)?;
         }
+        signal(core, s)?;
         if let Some(hooks) = hooks {
             let step = frame.step;
             drop(frame);
@@ -1062,8 +1204,7 @@ pub struct Collective {
     core: Py<Recorder>,
     fn_: Py<PyAny>,
     op: Py<PyString>,
-    op_json: Vec<u8>,
-    named: Vec<u8>,
+    op_json: Option<Chunk>,
     describe: Py<PyAny>,
     group_type: Py<PyAny>,
     payload_bytes: Py<PyAny>,
@@ -1098,7 +1239,7 @@ impl Collective {
         if !core.try_borrow()?.groups.contains_key(&key) {
             let g = group.as_ref().map(|g| g.clone()).unwrap_or_else(|| py.None().into_bound(py));
             let (name, size): (Bound<'_, PyAny>, i64) = self.describe.call1(py, (g,))?.extract(py)?;
-            let name_json = json_of(&name);
+            let name_json = json_of(&name).map(Into::into);
             core.try_borrow_mut()?.groups.insert(key, Group { name: name.unbind(), name_json, size, seq: 0 });
         }
         let (sid, parent, step, seq, t0) = {
@@ -1121,36 +1262,21 @@ impl Collective {
                 Some(name.add(": ")?.add(e.value(py).str()?)?)
             }
         };
-        let error_json = error.as_ref().map(json_of);
+        let error_json: Option<Option<Box<[u8]>>> = error.as_ref().map(|e| json_of(e).map(Vec::into_boxed_slice));
+        let error_ok = !matches!(error_json, Some(None));
         let s = {
             let mut me = core.try_borrow_mut()?;
             let me = &mut *me;
             me.in_coll = None;
             me.last_progress_ns = t1;
             let g = &me.groups[&key];
-            match (&g.name_json, &error_json) {
-                (Some(gj), None | Some(Some(_))) => {
-                    let mut a = Vec::with_capacity(128);
-                    a.extend_from_slice(b"{\"op\":");
-                    a.extend_from_slice(&self.op_json);
-                    a.extend_from_slice(b",\"group\":");
-                    a.extend_from_slice(gj);
-                    a.extend_from_slice(b",\"group_size\":");
-                    push_int(&mut a, g.size);
-                    a.extend_from_slice(b",\"seq\":");
-                    push_int(&mut a, seq);
-                    a.extend_from_slice(b",\"bytes\":");
-                    push_int(&mut a, payload);
-                    if is_async {
-                        a.extend_from_slice(b",\"async\":true");
-                    }
-                    if let Some(Some(e)) = &error_json {
-                        a.extend_from_slice(b",\"error\":");
-                        a.extend_from_slice(e);
-                    }
-                    a.push(b'}');
-                    me.span_line(sid, parent, &self.named, t0, t1, step, &[&a]);
-                    Some(me.note_event())
+            match (&self.op_json, &g.name_json) {
+                (Some(op), Some(group)) if error_ok => {
+                    let (op, group, size) = (op.clone(), group.clone(), g.size);
+                    Some(me.push(Ev::Coll {
+                        sid, parent, op, group, size, seq, bytes: payload, start: t0, end: t1, step, is_async,
+                        error: error_json.flatten(),
+                    }))
                 }
                 _ => None, // text that is not valid UTF-8: the Python encoder writes it
             }
