@@ -181,45 +181,6 @@ def test_a_cpu_tensor_metric_is_read_at_the_call():
     assert first["metrics"] == {"loss": 6.0, "acc": 1.0} and second["metrics"] == {"vec": str(vec)}
 
 
-def test_a_stalled_sink_gets_a_bounded_queue_a_spill_and_every_event(tmp_path):
-    from shippers import BatchWorker
-
-    release = threading.Event()
-
-    class StalledSink:
-        def __init__(self) -> None:
-            self.lines: list[bytes] = []
-
-        def write(self, lines):
-            release.wait(10)
-            self.lines.extend(lines)
-
-        def flush(self):
-            pass
-
-        def close(self):
-            pass
-
-    nat = NativeRecorder(resolve_identity(job_id="bounded", rank=0, world_size=1, env={}))
-    sink = StalledSink()
-    worker = BatchWorker(nat.encode_batch, [sink], max_queue=300, batch_size=50, flush_interval_s=0.01,
-                         spill_path=str(tmp_path / "spill.jsonl"))
-    nat.bind(worker)
-    peak = 0
-    for i in range(400):
-        with nat.span("step", "step", step=i):
-            with nat.span("forward", "phase"):
-                nat.log_record(log.makeRecord("bounded.test", logging.INFO, __file__, 1, "i=%d", (i,), None))
-        nat.metrics(i, {"loss": 0.5})
-        peak = max(peak, nat.pending)
-    assert peak < 300 and worker.stats.spilled > 0
-    release.set()
-    worker.shutdown()
-    events = [orjson.loads(x) for x in sink.lines]
-    assert len(events) == worker.stats.exported == 1600 and worker.stats.encode_errors == 0
-    assert sorted(e["msg"] for e in events if e["kind"] == "log") == sorted(f"i={i}" for i in range(400))
-
-
 @pytest.mark.parametrize("kind", [Recorder, NativeRecorder])
 def test_a_forked_childs_lines_carry_its_own_pid(kind):
     rec = kind(IDENT, emit=(items := []).append) if kind is Recorder else kind(IDENT)

@@ -212,36 +212,35 @@ fn push_step(out: &mut Vec<u8>, step: Option<i64>) {
     }
 }
 
+/// A span line up to its attributes: identity, ids, `named` (`,"name":…,"cat":…` in parts), times, step.
+#[allow(clippy::too_many_arguments)]
+fn span_head(out: &mut Vec<u8>, base: &[u8], sid: u64, parent: Option<u64>, named: &[&[u8]], start: i64, end: i64, step: Option<i64>) {
+    head(out, base, end, b"span");
+    push_id(out, b",\"span_id\":\"", Some(sid));
+    push_id(out, b",\"parent_id\":\"", parent);
+    for part in named {
+        out.extend_from_slice(part);
+    }
+    out.extend_from_slice(b",\"start\":");
+    push_int(out, start);
+    out.extend_from_slice(b",\"dur\":");
+    push_int(out, end - start);
+    push_step(out, step);
+}
+
 /// The line of a span, a collective or a metric point, as the Python encoder writes it
 /// (`_encode_span`, `_as_span`, `_encode_metric`); false for the events Python writes.
 fn encode(out: &mut Vec<u8>, base: &[u8], ev: &Ev, mvals: &[(Chunk, Num)]) -> bool {
     match ev {
         Ev::Span { sid, parent, named, start, end, step, attrs } => {
-            head(out, base, *end, b"span");
-            push_id(out, b",\"span_id\":\"", Some(*sid));
-            push_id(out, b",\"parent_id\":\"", *parent);
-            out.extend_from_slice(named);
-            out.extend_from_slice(b",\"start\":");
-            push_int(out, *start);
-            out.extend_from_slice(b",\"dur\":");
-            push_int(out, end - start);
-            push_step(out, *step);
+            span_head(out, base, *sid, *parent, &[named], *start, *end, *step);
             if let Some(a) = attrs {
                 out.extend_from_slice(b",\"attrs\":");
                 out.extend_from_slice(a);
             }
         }
         Ev::Coll { sid, parent, op, group, size, seq, bytes, start, end, step, is_async, error } => {
-            head(out, base, *end, b"span");
-            push_id(out, b",\"span_id\":\"", Some(*sid));
-            push_id(out, b",\"parent_id\":\"", *parent);
-            out.extend_from_slice(b",\"name\":");
-            out.extend_from_slice(op);
-            out.extend_from_slice(b",\"cat\":\"collective\",\"start\":");
-            push_int(out, *start);
-            out.extend_from_slice(b",\"dur\":");
-            push_int(out, end - start);
-            push_step(out, *step);
+            span_head(out, base, *sid, *parent, &[b",\"name\":", op, b",\"cat\":\"collective\""], *start, *end, *step);
             out.extend_from_slice(b",\"attrs\":{\"op\":");
             out.extend_from_slice(op);
             out.extend_from_slice(b",\"group\":");
