@@ -296,6 +296,8 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
         "thread_extra_us": per_rank(lambda r: statistics.median(diffs(r, 0))),
         "wall_extra_us": per_rank(lambda r: statistics.median(diffs(r, 1))),
         "export_us": per_rank(lambda r: r["export_us_per_traced_step"]),
+        "faults_plain": per_rank(lambda r: statistics.median(p[2] for p, _ in r["pairs"])),
+        "faults_extra": per_rank(lambda r: statistics.median(diffs(r, 2))),
     }
 
 
@@ -377,6 +379,8 @@ def main() -> None:
         print(f"  step CPU  {job['process_cpu_us']:8.1f} µs (process, all threads; training thread "
               f"{job['thread_plain_us']:.1f} µs): tracing adds {job['thread_extra_us']:+.1f} µs on the training thread "
               f"+ {job['export_us']:.1f} µs export thread = {job_cpu:+.2f} %")
+        print(f"  minor page faults of the training thread per step: {job['faults_plain']:.1f} plain, "
+              f"{job['faults_extra']:+.1f} traced")
         print("each call of the demo's step on its own, cold (demo_calls.py, even steps traced, odd plain, one job):")
         print(textwrap.indent(f["calls"].rstrip(), "  "))
     if one_rank:

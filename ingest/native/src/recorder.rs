@@ -563,18 +563,23 @@ impl Recorder {
     }
 
     /// In a forked child: the parent exports what was queued; new ids, new identity fields.
-    fn after_fork(&mut self, base: &[u8]) {
-        self.base = base.into();
-        self.evs = Vec::with_capacity(1024);
-        self.mvals = Vec::with_capacity(256);
-        self.woken = false;
-        self.ids = fresh_seed();
-        self.in_coll = None;
-        self.wake = None;
-        self.spill = None;
-        if let Some(r) = &self.rss {
-            self.rss = Rss::open(r.interval_ns, r.page); // /proc/self of the child, not the parent's
-        }
+    fn after_fork(slf: &Bound<'_, Self>, base: &[u8]) -> PyResult<()> {
+        let dropped = {
+            let mut me = slf.try_borrow_mut()?;
+            let me = &mut *me;
+            me.base = base.into();
+            me.woken = false;
+            me.ids = fresh_seed();
+            me.wake = None;
+            me.spill = None;
+            if let Some(r) = &me.rss {
+                me.rss = Rss::open(r.interval_ns, r.page); // /proc/self of the child, not the parent's
+            }
+            me.mvals.clear();
+            (take(&mut me.evs), take(&mut me.in_coll))
+        };
+        drop(dropped); // the parent's queued Python objects, released with the recorder not borrowed
+        Ok(())
     }
 
     /// A span context manager. Without a step or attributes it is one shared object per
