@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compiled import need_native
+
 pytest_plugins = ["tests.servers.fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,12 +41,14 @@ def tracing(request, tmp_path, monkeypatch):
     for var in [v for v in os.environ if v.startswith(("JOBTRACE_", "SLURM_", "OMPI_", "PMI_")) or v in
                 ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TRACEPARENT")]:
         monkeypatch.delenv(var, raising=False)
+    if request.param == "native":
+        need_native()
     monkeypatch.setenv("JOBTRACE_NATIVE", "1" if request.param == "native" else "0")
     t = oi.init_tracing("test-job", data_dir=str(tmp_path), heartbeat_s=0.2, torch=False)
     kind = type(t.recorder).__name__
     if kind != {"native": "NativeRecorder", "python": "Recorder"}[request.param]:
         t.shutdown()
-        pytest.fail(f"asked for the {request.param} recorder, got {kind} (is ./ingest/native installed?)")
+        pytest.fail(f"asked for the {request.param} recorder, got {kind} (CI builds ./ingest/native: it must be there)")
     yield t
     t.shutdown()
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.compiled import need_native
+
 pytest.importorskip("torch", reason="the benchmark's cases train the demo's model")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +39,8 @@ def _figures(result: dict[str, float]) -> None:
 @pytest.mark.parametrize("case,recorder", [("null", None), ("file", None), ("otel_bridge", None)] + [
     (case, recorder) for case in ("jobtrace", "spans", "collective") for recorder in ("native", "python")])
 def test_each_micro_case_gives_its_figures(bench, case, recorder):
+    if recorder == "native":
+        need_native()
     result = bench.run_case(case, 2000, recorder)
     _figures(result)
     times = {k: v for k, v in result.items() if k.endswith("_us")}
@@ -46,6 +50,7 @@ def test_each_micro_case_gives_its_figures(bench, case, recorder):
 
 
 def test_the_one_process_step_case_gives_its_figures(bench):
+    need_native()
     result = bench.run_case("demo_step", 2000, "native", hidden=64, blocks=2, block_steps=5, helpers=True)
     _figures(result)
     assert result["step_cpu_us"] > 0 and result["traced_cpu_us"] > 0
@@ -54,6 +59,8 @@ def test_the_one_process_step_case_gives_its_figures(bench):
 @pytest.mark.torchjob
 @pytest.mark.parametrize("recorder", ["native", "python"])
 def test_the_demo_job_cases_give_their_figures(bench, recorder):
+    if recorder == "native":
+        need_native()
     blocks = bench.demo_blocks(1, 3, recorder=recorder)
     _figures(blocks)
     assert blocks["pairs"] == 3 and blocks["wall_plain_us"] > 0 and blocks["export_us"] >= 0

@@ -31,9 +31,9 @@ def traced(request):
     items: list[tuple] = []
     ident = resolve_identity(job_id="coll", rank=0, world_size=1, env={})
     if request.param == "native":
-        from otel_instrumentation._native import NativeRecorder
+        from tests.compiled import need_native
 
-        rec: Recorder = NativeRecorder(ident)
+        rec: Recorder = need_native().NativeRecorder(ident)
     else:
         rec = Recorder(ident, emit=items.append)
     assert instrument_torch(rec)

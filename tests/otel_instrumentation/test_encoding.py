@@ -190,8 +190,9 @@ def test_spans_logs_and_metrics_appended_directly_stay_bounded_and_all_arrive(tm
 
     ident = resolve_identity(job_id="bounded", rank=0, world_size=1, env={})
     if kind == "native":
-        native = pytest.importorskip("otel_instrumentation._native", reason="jobtrace_native: pip install ./ingest/native")
-        rec = native.NativeRecorder(ident)
+        from tests.compiled import need_native
+
+        rec = need_native().NativeRecorder(ident)
     else:
         rec = Recorder(ident)
     sink = StalledSink()

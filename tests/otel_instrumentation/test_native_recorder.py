@@ -22,10 +22,11 @@ from otel_instrumentation._identity import resolve_identity
 from otel_instrumentation._recorder import _LOG, _METRIC, _SPAN, Recorder
 from otel_instrumentation._setup import make_recorder
 
+from tests.compiled import need_native
+
 from .test_encoding import LOGS, METRICS, SPANS
 
-native = pytest.importorskip("otel_instrumentation._native", reason="jobtrace_native is built by `pip install ./ingest/native`")
-NativeRecorder = native.NativeRecorder
+NativeRecorder = need_native().NativeRecorder
 
 IDENT = resolve_identity(job_id='job "quoted" é', rank=3, world_size=8, env={})
 log = logging.getLogger("native.test")
