@@ -5,6 +5,9 @@ the export thread turns tuples into canonical event dicts and bytes. Span ids ar
 random 64-bit ints formatted to hex later, timestamps are ``time.time_ns()``, and the
 per-thread span stack is a plain list, so a step span costs a few microseconds where
 an OpenTelemetry SDK span costs tens (measured in ``benchmarks/bench_overhead.py``).
+Where ``jobtrace_native`` is installed, ``_native.NativeRecorder`` does the training thread's
+part in compiled code (about half the CPU per training step); this recorder is its reference
+(the two write the same lines, byte for byte) and its fallback.
 
 Item layouts (first element is the kind tag):
 

@@ -21,7 +21,9 @@ costs ~8 µs at the end of a step (cold caches after the step's kernels) where i
 from __future__ import annotations
 
 import functools
+import glob
 import os
+import sys
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
@@ -144,6 +146,22 @@ def uninstrument_torch() -> None:
     _PATCHED.clear()
 
 
+_GPU_NODES = ("kfd", "dxg", "nvhost-ctrl-gpu", "nvgpu")
+
+
+def _gpu_device_present() -> bool:
+    """Whether this machine shows a GPU device node, read from ``/dev`` only: NVIDIA's (``nvidia0``…),
+    AMD's (``kfd``), WSL2's (``dxg``), Jetson's (``nvhost-ctrl-gpu``, ``nvgpu``).
+
+    Asking torch (``torch.cuda.is_available()``) would initialise the CUDA driver in this process,
+    which breaks CUDA in children it forks later; a device node is what the driver needs anyway.
+    Where there is no ``/dev`` to read (not Linux), a GPU is assumed.
+    """
+    if sys.platform != "linux" or not os.path.isdir("/dev"):
+        return True
+    return any(os.path.exists(f"/dev/{name}") for name in _GPU_NODES) or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Callable[[int | None], None] | None:
     """A step-end hook recording CUDA memory counters (when initialised) and host RSS (rate-limited).
 
@@ -154,8 +172,10 @@ def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Cal
         try:
             import torch
 
-            # A CPU-only build can never initialise CUDA: skip the check each step (a Python call).
-            cuda = torch.cuda if (torch.version.cuda or getattr(torch.version, "hip", None)) else None
+            # A CPU-only build, or a machine without a GPU, can never initialise CUDA: skip the check each
+            # step (a Python call).
+            gpu_build = torch.version.cuda or getattr(torch.version, "hip", None)
+            cuda = torch.cuda if gpu_build and _gpu_device_present() else None
         except Exception:  # noqa: BLE001
             cuda = None
     statm_fd: int | None = None

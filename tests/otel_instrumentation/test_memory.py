@@ -79,3 +79,21 @@ def test_cuda_counters_are_recorded_every_step_while_rss_waits_for_its_interval(
     assert [m[3]["cuda_allocated_bytes"] >> 20 for m in metrics] == [1, 2, 3, 4, 5]
     assert all(m[3]["cuda_reserved_bytes"] == 2 * m[3]["cuda_allocated_bytes"] for m in metrics)
     assert [m[2] for m in metrics if "rss_bytes" in m[3]] == [0, 4]
+
+
+@pytest.mark.parametrize("nodes,expected", [((), False), (("nvidia0",), True), (("nvidia12",), True),
+                                            (("dxg",), True), (("kfd",), True), (("nvidiactl",), False)])
+def test_a_gpu_is_seen_by_its_device_node_without_asking_the_driver(monkeypatch, tmp_path, nodes, expected):
+    """Without a GPU node the per-step CUDA check is skipped; torch is never asked (that would start the driver)."""
+    import glob as globmod
+
+    from otel_instrumentation import _torch
+
+    for name in nodes:
+        (tmp_path / name).touch()
+    real_exists, real_glob = os.path.exists, globmod.glob
+    monkeypatch.setattr(_torch.os.path, "exists",
+                        lambda p: real_exists(str(p).replace("/dev/", f"{tmp_path}/", 1)) if str(p).startswith("/dev/") else real_exists(p))
+    monkeypatch.setattr(_torch.glob, "glob",
+                        lambda p: real_glob(p.replace("/dev/", f"{tmp_path}/", 1)) if p.startswith("/dev/") else real_glob(p))
+    assert _torch._gpu_device_present() is expected
