@@ -45,12 +45,14 @@ def test_node_down_during_a_real_job_loses_nothing_and_duplicates_nothing(privat
     node, job, ns = private_opensearch, "es-node-down", "faults"
     result: dict[str, int] = {}
     runner = threading.Thread(target=lambda: result.update(rc=run_demo(
-        node.url, ns, tmp_path, job_id=job, ranks=2, steps=60, slow_ranks=[1], slow_ms=40.0, stall_s=60.0)))
+        node.url, ns, tmp_path, job_id=job, ranks=2, steps=150, slow_ranks=[1], slow_ms=40.0, stall_s=60.0)))
     runner.start()
     deadline = time.monotonic() + 120
     while count(node.url, job) == 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert count(node.url, job) > 0, "the job never shipped anything"
+    # The job runs for ~6 s after its first batch arrives (150 steps of 40 ms), so the node goes down while
+    # it ships, even when indexing is slow to show that first batch (60 steps once ended before it).
     node.stop()
     down_at, down_ns = time.monotonic(), time.time_ns()
     time.sleep(2.0)
