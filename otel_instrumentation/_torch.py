@@ -180,14 +180,12 @@ def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Cal
             cuda = None
     statm_fd: int | None = None
     sample_rss = getattr(rec, "sample_rss", None)
-    if sample_rss is not None and sample_rss(interval_s, _PAGE):
-        pass  # the compiled recorder reads RSS at step ends itself: this hook is for CUDA only
-    else:
+    if sample_rss is None or not sample_rss(interval_s, _PAGE):  # the compiled recorder reads RSS itself
         try:
             # Kept open and read with pread: reopening /proc/self/statm costs ~30 µs a step.
             statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
         except OSError:
-            statm_fd = None
+            pass
     if statm_fd is None and cuda is None:
         return None
     interval_ns = int(interval_s * 1e9)

@@ -93,6 +93,11 @@ fn opt_u64(v: &Bound<'_, PyAny>) -> Option<Option<u64>> {
     }
 }
 
+/// `v` where Python would take it as given (`if v:`), None where it is None or empty.
+fn given(v: &Bound<'_, PyAny>) -> PyResult<Option<Py<PyAny>>> {
+    Ok(if v.is_none() || !v.is_truthy()? { None } else { Some(v.clone().unbind()) })
+}
+
 /// Valid UTF-8 text of an exact `str`, JSON-encoded; `None` for anything else (Python's path).
 fn json_of(v: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
     let s = v.cast_exact::<PyString>().ok()?.to_str().ok()?;
@@ -594,8 +599,8 @@ impl Recorder {
     ) -> PyResult<Py<Span>> {
         let py = slf.py();
         let attrs = match attrs {
-            Some(a) if !a.is_none() && a.is_truthy()? => Some(a.clone().unbind()),
-            _ => None,
+            Some(a) => given(a)?,
+            None => None,
         };
         let step = step.filter(|s| !s.is_none());
         let key = (name.as_ptr() as usize, cat.as_ptr() as usize);
@@ -776,15 +781,13 @@ impl Recorder {
                 msg.clone(), args.clone(), exc.clone(), sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?;
             return hold_item(slf, item.into_any());
         };
-        let args = if args.is_none() || !args.is_truthy()? { None } else { Some(args.clone().unbind()) };
-        let exc = if exc.is_none() || !exc.is_truthy()? { None } else { Some(exc.clone().unbind()) };
         push_signal(slf, Ev::Log {
             created: created_f,
             level: level.clone().unbind(),
             logger: logger.clone().unbind(),
             msg: msg.clone().unbind(),
-            args,
-            exc,
+            args: given(args)?,
+            exc: given(exc)?,
             sid,
             step,
         })
@@ -841,7 +844,7 @@ impl Recorder {
                 let (Some(sid), Some(parent), Some(named), Some(start), Some(end), Some(step)) = parts else {
                     return hold_item(slf, item.clone());
                 };
-                let attrs = if attrs.is_none() || !attrs.is_truthy()? {
+                let attrs = if given(&attrs)?.is_none() {
                     None
                 } else {
                     let enc = slf.try_borrow()?.encode_attrs.clone_ref(py);
@@ -877,8 +880,8 @@ impl Recorder {
                             level: f(2)?.unbind(),
                             logger: f(3)?.unbind(),
                             msg: f(4)?.unbind(),
-                            args: if args.is_none() || !args.is_truthy()? { None } else { Some(args.unbind()) },
-                            exc: if exc.is_none() || !exc.is_truthy()? { None } else { Some(exc.unbind()) },
+                            args: given(&args)?,
+                            exc: given(&exc)?,
                             sid,
                             step,
                         })
