@@ -59,6 +59,9 @@ class JobtraceHandler(logging.Handler):
         self._filtered(record)
 
 
+_CONTEXT_FIELDS = ("trace_id", "span_id", "job_id", "rank", "jobtrace")
+
+
 class TraceContextFilter(logging.Filter):
     """Adds ``trace_id``, ``span_id``, ``job_id``, ``rank`` and ``jobtrace`` attributes to records.
 
@@ -67,35 +70,56 @@ class TraceContextFilter(logging.Filter):
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
-        self._rec = recorder
         ident = recorder.identity
         self._job = ident.job_id
         self._trace = ident.trace_id
         self._rank = ident.rank
         self._prefix = f"job={self._job} rank={self._rank} trace={self._trace} span="
+        self._current_span_id = recorder.current_span_id
+        # The last call's answer: a step logs under one span, so the text is made once per span. One
+        # tuple, swapped whole, so threads never see half an update.
+        self._last: tuple[int | None, str, str, str] = (-1, "", "", "")
+
+    def context(self) -> tuple[int | None, str, str, str]:
+        """``(span id, as hex or "-", "job=… rank=… trace=… span=…", "[that] ")`` for the calling
+        thread's current span."""
+        sid = self._current_span_id()
+        last = self._last
+        if last[0] != sid:
+            span = f"{sid:016x}" if sid is not None else "-"
+            context = self._prefix + span
+            last = self._last = (sid, span, context, f"[{context}] ")
+        return last
 
     def filter(self, record: logging.LogRecord) -> bool:
-        sid = self._rec.current_span_id()
-        span = f"{sid:016x}" if sid is not None else "-"
+        _, record.span_id, record.jobtrace, _ = self.context()
         record.trace_id = self._trace
-        record.span_id = span
         record.job_id = self._job
         record.rank = self._rank
-        record.jobtrace = self._prefix + span
         return True
 
 
 class TraceContextFormatter(logging.Formatter):
-    """Wraps an existing formatter so the console line shows job, rank, trace and span."""
+    """Wraps an existing formatter so the console line shows job, rank, trace and span.
+
+    The record also gets the filter's attributes only where the wrapped formatter could read
+    them: its format string names one, or it is not a plain ``logging.Formatter`` (a JSON
+    formatter may write every attribute). Otherwise only the line's prefix is made, from
+    the filter's per-span cache: on a training step's log line, setting five attributes
+    (the record's dict grows) cost more than the rest of the context.
+    """
 
     def __init__(self, inner: logging.Formatter | None, recorder: Recorder) -> None:
         super().__init__()
         self._inner = inner or logging.Formatter(logging.BASIC_FORMAT)
         self._filter = TraceContextFilter(recorder)
+        fmt = getattr(getattr(self._inner, "_style", None), "_fmt", None) or ""
+        self._set_fields = type(self._inner) is not logging.Formatter or any(f in fmt for f in _CONTEXT_FIELDS)
 
     def format(self, record: logging.LogRecord) -> str:
-        self._filter.filter(record)
-        return f"[{record.jobtrace}] " + self._inner.format(record)  # type: ignore[attr-defined]
+        if self._set_fields:
+            self._filter.filter(record)
+        return self._filter.context()[3] + self._inner.format(record)
 
 
 def attach_to_loggers(handler: logging.Handler) -> int:

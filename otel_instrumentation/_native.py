@@ -131,6 +131,13 @@ class NativeRecorder(Recorder):
         self._core.bind(worker.wake, worker.spill_lines, batch, max_queue)
         worker.add_source(self._core.drain)
 
+    def entry_points(self) -> dict[str, Callable[..., Any]]:
+        core = self._core
+        return {"step": core.step_span, "phase": core.phase, "span": core.user_span, "log_metrics": core.log_metrics}
+
+    def retire(self, null_span: Any) -> None:
+        self._core.retire(null_span)
+
     def set_identity(self, identity: Identity) -> None:
         super().set_identity(identity)
         self._core.after_fork(self._base_json)

@@ -245,6 +245,14 @@ class Recorder:
         self.emit = worker.emit
         self.queue, self.queue_room = worker.direct_queue()
 
+    def entry_points(self) -> dict[str, Callable[..., Any]]:
+        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while
+        this recorder traces; none here, where those functions are already the shortest Python path."""
+        return {}
+
+    def retire(self, null_span: Any) -> None:
+        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
+
     # ---- training thread ------------------------------------------------------------
     def stack(self) -> list[Span]:
         try:

@@ -124,6 +124,42 @@ class TestLogsAndSpans:
         (ev,) = [e for e in events_of(tracing, tmp_path, "metric") if "loss" in e["metrics"]]
         assert ev["metrics"] == {"loss": "NaN", "lr": 1.5, "tokens": 128} and ev["step"] == 4
 
+    def test_the_package_helpers_take_arguments_and_attributes(self, tracing, tmp_path):
+        """``oi.step``/``phase``/``span``/``log_metrics`` with attributes and without a step: what the
+        compiled recorder's entry points (bound to the package while it traces) must record alike."""
+        with oi.step(5, tokens=3) as st:
+            with oi.phase("forward", micro=2):
+                with oi.span("bucket", k="v"):
+                    oi.log_metrics(loss=1.0)
+            with oi.phase("forward"):  # the shared object, not the one with attributes
+                pass
+            oi.log_metrics()
+        spans = events_of(tracing, tmp_path, "span")
+        attrs = {(e["name"], e["cat"]): e.get("attrs") for e in spans}
+        assert attrs[("step", "step")] == {"tokens": 3} and attrs[("bucket", "user")] == {"k": "v"}
+        forwards = [e for e in spans if e["name"] == "forward"]
+        assert [e.get("attrs") for e in forwards] == [{"micro": 2}, None]
+        assert all(e["step"] == 5 and e["parent_id"] == f"{st.span_id:016x}" for e in forwards)
+        metrics = [e for e in events_of(tracing, tmp_path, "metric") if e["step"] == 5]
+        assert [m["metrics"] for m in metrics] == [{"loss": 1.0}, {}]
+
+    def test_the_package_helpers_are_the_recorders_entry_points_only_while_it_traces(self, tracing):
+        """A script that kept ``oi.phase`` from a traced run gets the null span after shutdown, and
+        its metrics are dropped, not queued where nothing exports them."""
+        from otel_instrumentation import _setup
+
+        entry = tracing.recorder.entry_points()
+        for name in ("step", "phase", "span", "log_metrics"):
+            assert getattr(oi, name) == entry.get(name, getattr(_setup, name))
+        held = (oi.step, oi.phase, oi.span, oi.log_metrics)
+        tracing.shutdown()
+        for name in ("step", "phase", "span", "log_metrics"):
+            assert getattr(oi, name) is getattr(_setup, name)
+        step, phase, span, log_metrics = held
+        assert step(1) is phase("forward") is span("x", k=1) is _setup._NULL_SPAN
+        log_metrics(1, loss=0.5)
+        assert tracing.stats()["queued"] == 0
+
     def test_heartbeats_report_the_current_span(self, tracing, tmp_path):
         with oi.step(1):
             with oi.phase("forward"):
@@ -147,6 +183,34 @@ class TestLogsAndSpans:
         assert f"trace={trace}" in line and "rank=0" in line and "job=console" in line
         # INFO is captured either way, but only printed when the script asked for it
         assert ("info line" in proc.stderr) == bool(configure)
+
+
+    def test_console_context_follows_the_span_and_sets_fields_only_where_read(self, tracing):
+        """The console line's context is made once per span (cached) but must change with it; the
+        record gets the filter's fields where the wrapped formatter could read them."""
+        from otel_instrumentation._logging import TraceContextFormatter
+
+        def line(inner):
+            record = logging.LogRecord("x", logging.INFO, __file__, 1, "m %d", (1,), None)
+            return TraceContextFormatter(inner, tracing.recorder).format(record), record
+
+        plain = logging.Formatter("%(message)s")
+        with oi.step(0):
+            with oi.phase("forward") as a:
+                in_a, rec_a = line(plain)
+            with oi.phase("backward") as b:
+                in_b, _ = line(plain)
+        assert in_a == f"[job=test-job rank=0 trace={tracing.identity.trace_id} span={a.span_id:016x}] m 1"
+        assert in_b.startswith(f"[job=test-job rank=0 trace={tracing.identity.trace_id} span={b.span_id:016x}] ")
+        assert not hasattr(rec_a, "trace_id")
+        named, rec_named = line(logging.Formatter("%(trace_id)s %(message)s"))
+        assert named.endswith(f"] {tracing.identity.trace_id} m 1") and rec_named.rank == 0
+
+        class Everything(logging.Formatter):
+            def format(self, record):
+                return ",".join(sorted(k for k in vars(record) if k in ("job_id", "span_id", "trace_id")))
+
+        assert line(Everything())[0].endswith("] job_id,span_id,trace_id")
 
 
 class TestOpenTelemetry:
