@@ -117,9 +117,13 @@ class TraceContextFormatter(logging.Formatter):
         self._set_fields = type(self._inner) is not logging.Formatter or any(f in fmt for f in _CONTEXT_FIELDS)
 
     def format(self, record: logging.LogRecord) -> str:
+        f = self._filter
         if self._set_fields:
-            self._filter.filter(record)
-        return self._filter.context()[3] + self._inner.format(record)
+            f.filter(record)
+        last = f._last  # noqa: SLF001 - the filter's cache, read here without a call when it holds
+        if last[0] != f._current_span_id():  # noqa: SLF001
+            last = f.context()
+        return last[3] + self._inner.format(record)
 
 
 def attach_to_loggers(handler: logging.Handler) -> int:
