@@ -32,18 +32,27 @@ pub(crate) fn json_str(out: &mut Vec<u8>, s: &[u8]) {
 /// A float as orjson writes it, where that is certain: shortest round-trip digits in
 /// decimal notation, which orjson uses for magnitudes in [1e-5, 1e16); `None` elsewhere.
 pub(crate) fn json_float(x: f64) -> Option<String> {
-    if x == 0.0 {
-        return Some(if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() });
+    let mut out = Vec::with_capacity(24);
+    push_decimal(&mut out, x).then(|| String::from_utf8(out).expect("digits are ASCII"))
+}
+
+/// Whether orjson writes `x` in decimal notation: zero, or a magnitude in [1e-5, 1e16).
+pub(crate) fn decimal_float(x: f64) -> bool {
+    x == 0.0 || (1e-5..1e16).contains(&x.abs())
+}
+
+/// `json_float` appended to `out` without a String of its own (the drain writes many), or false.
+fn push_decimal(out: &mut Vec<u8>, x: f64) -> bool {
+    use std::io::Write;
+    if !decimal_float(x) {
+        return false;
     }
-    let a = x.abs();
-    if !(1e-5..1e16).contains(&a) {
-        return None;
+    let at = out.len();
+    write!(out, "{}", x).expect("a Vec takes any write"); // shortest round-trip digits; zero as "0" or "-0"
+    if !out[at..].contains(&b'.') {
+        out.extend_from_slice(b".0");
     }
-    let mut s = format!("{}", x);
-    if !s.contains('.') {
-        s.push_str(".0");
-    }
-    Some(s)
+    true
 }
 
 pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
@@ -56,8 +65,7 @@ pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
 /// orjson releases write differently (`1e16` before 3.13, `1e+16` since): `sci_plus` says
 /// which (probed by the caller), `None` hands such a number back.
 pub(crate) fn push_float(out: &mut Vec<u8>, x: f64, sci_plus: Option<bool>) -> bool {
-    if let Some(s) = json_float(x) {
-        out.extend_from_slice(s.as_bytes());
+    if push_decimal(out, x) {
         return true;
     }
     let Some(plus) = sci_plus else { return false };

@@ -34,7 +34,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use crate::json::{json_float, json_str, push_float, push_hex16, push_int};
+use crate::json::{decimal_float, json_str, push_float, push_hex16, push_int};
 
 // Item tags of `_recorder.py`.
 const SPAN: i64 = 0;
@@ -130,7 +130,8 @@ enum Num {
 fn number(v: &Bound<'_, PyAny>) -> Option<Num> {
     if v.is_exact_instance_of::<PyFloat>() {
         let x: f64 = v.extract().ok()?;
-        if x.is_finite() && json_float(x).is_none() && sci_plus().is_none() {
+        // Checked without writing it: this runs at the call, on the training thread.
+        if x.is_finite() && !decimal_float(x) && sci_plus().is_none() {
             return None; // written by orjson, whose notation for it is not known here
         }
         Some(Num::F(x))
