@@ -73,6 +73,22 @@ def test_metric_numbers_are_written_as_orjson_writes_them(x, step):
         assert orjson.loads(line)["metrics"]["x"] == x
 
 
+def test_drains_that_reuse_their_buffers_write_each_batch_alone():
+    """The queue and text buffers are kept from one drain to the next: batches of different sizes, with
+    and without log records (which the drain writes in a second buffer), and after a batch larger
+    than what is kept, each give exactly their own lines."""
+    nat, ref = NativeRecorder(IDENT), Recorder(IDENT)
+    spans_and_metrics = SPANS + METRICS
+    rounds = [LOGS + SPANS + METRICS, spans_and_metrics, spans_and_metrics * 40, LOGS[:1], [], spans_and_metrics * 6000,
+              LOGS + spans_and_metrics]
+    for items in rounds:
+        for item in items:
+            nat.emit(item)
+        got = drained(nat)
+        want = ref.encode_batch(list(items))
+        assert len(got) == len(want) and all(same_but_clock(a, b) for a, b in zip(got, want))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.characters(codec=None, exclude_categories=())), st.text(max_size=30),
        st.one_of(st.none(), st.text(max_size=200)), st.lists(st.integers(-5, 5) | st.floats(allow_nan=False) | st.text(max_size=5), max_size=3))

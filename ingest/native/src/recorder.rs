@@ -344,6 +344,39 @@ impl Rss {
     }
 }
 
+/// The queue's and the drain's buffers, kept from one drain to the next: new ones the size of a
+/// busy second (megabytes at thousands of events a second) cost page faults each time, the queue's
+/// on the training thread that fills it.
+#[derive(Default)]
+struct Buffers {
+    evs: Vec<Ev>,
+    mvals: Vec<(Chunk, Num)>,
+    out: Vec<u8>,
+    full: Vec<u8>,
+}
+
+impl Buffers {
+    /// Emptied, keeping their room up to what a busy second needs (a spilled queue's is let go).
+    fn recycle(mut self) -> Buffers {
+        self.evs.clear();
+        self.mvals.clear();
+        self.out.clear();
+        self.full.clear();
+        if self.evs.capacity() > 1 << 16 {
+            self.evs = Vec::new();
+        }
+        if self.mvals.capacity() > 1 << 16 {
+            self.mvals = Vec::new();
+        }
+        for b in [&mut self.out, &mut self.full] {
+            if b.capacity() > 1 << 24 {
+                *b = Vec::new();
+            }
+        }
+        self
+    }
+}
+
 /// The hot path of one process's tracing; `otel_instrumentation._native.NativeRecorder` wraps it.
 #[pyclass(module = "jobtrace_native")]
 pub struct Recorder {
@@ -386,6 +419,7 @@ pub struct Recorder {
     spill: Option<Py<PyAny>>,
     /// Set at shutdown: what the entry points return from then on (the null span).
     retired: Option<Py<PyAny>>,
+    spare: Buffers,
 }
 
 const CACHE_MAX: usize = 4096;
@@ -567,6 +601,7 @@ impl Recorder {
             wake: None,
             spill: None,
             retired: None,
+            spare: Buffers::default(),
         }
     }
 
@@ -976,58 +1011,65 @@ impl Recorder {
     /// GIL released, then the log records and Python's items with it.
     fn drain(slf: &Bound<'_, Self>) -> PyResult<(Py<PyBytes>, usize, usize)> {
         let py = slf.py();
-        let (evs, mvals, mut strings, base, encode_one) = {
+        let (evs, mvals, mut bufs, mut strings, base, encode_one) = {
             let mut me = slf.try_borrow_mut()?;
             me.woken = false;
-            let (ec, mc) = (me.evs.capacity().clamp(1024, 1 << 16), me.mvals.capacity().clamp(256, 1 << 16));
-            let evs = std::mem::replace(&mut me.evs, Vec::with_capacity(ec));
-            let mvals = std::mem::replace(&mut me.mvals, Vec::with_capacity(mc));
-            (evs, mvals, take(&mut me.strings), me.base.clone(), me.encode_one.clone_ref(py))
+            let mut bufs = take(&mut me.spare);
+            let evs = std::mem::replace(&mut me.evs, take(&mut bufs.evs));
+            let mvals = std::mem::replace(&mut me.mvals, take(&mut bufs.mvals));
+            (evs, mvals, bufs, take(&mut me.strings), me.base.clone(), me.encode_one.clone_ref(py))
         };
         let n = evs.len();
-        let (out, holes) = py.detach(|| {
-            let mut out = Vec::with_capacity(n * 320);
+        let (mut out, mut full) = (take(&mut bufs.out), take(&mut bufs.full));
+        let holes = py.detach(|| {
+            out.reserve(n * 320);
             let mut holes: Vec<(usize, usize)> = Vec::new();
             for (i, ev) in evs.iter().enumerate() {
                 if !encode(&mut out, &base, ev, &mvals) {
                     holes.push((out.len(), i));
                 }
             }
-            (out, holes)
+            holes
         });
-        if holes.is_empty() {
-            slf.try_borrow_mut()?.strings = strings;
-            return Ok((PyBytes::new(py, &out).unbind(), n, 0));
-        }
-        let mut full = Vec::with_capacity(out.len() + holes.len() * 320);
-        let (mut prev, mut errors) = (0, 0);
-        for (at, i) in holes {
-            full.extend_from_slice(&out[prev..at]);
-            prev = at;
-            let item = match &evs[i] {
-                Ev::Log { created, level, logger, msg, args, exc, sid, step } => {
-                    if log_line(py, &mut full, &mut strings, &base, *created, level, logger, msg, args, exc, *sid, *step) {
-                        continue;
+        let errors = if holes.is_empty() {
+            0
+        } else {
+            full.reserve(out.len() + holes.len() * 320);
+            let (mut prev, mut errors) = (0, 0);
+            for (at, i) in holes {
+                full.extend_from_slice(&out[prev..at]);
+                prev = at;
+                let item = match &evs[i] {
+                    Ev::Log { created, level, logger, msg, args, exc, sid, step } => {
+                        if log_line(py, &mut full, &mut strings, &base, *created, level, logger, msg, args, exc, *sid, *step) {
+                            continue;
+                        }
+                        let none = || py.None().into_bound(py);
+                        PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.into_pyobject(py)?.into_any(),
+                            level.bind(py).clone(), logger.bind(py).clone(), msg.bind(py).clone(),
+                            args.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
+                            exc.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
+                            sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?.into_any()
                     }
-                    let none = || py.None().into_bound(py);
-                    PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.into_pyobject(py)?.into_any(),
-                        level.bind(py).clone(), logger.bind(py).clone(), msg.bind(py).clone(),
-                        args.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
-                        exc.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
-                        sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?.into_any()
+                    Ev::Item(it) => it.bind(py).clone(),
+                    _ => continue, // written above
+                };
+                match encode_one.call1(py, (item,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
+                    Ok(line) => full.extend_from_slice(&line),
+                    Err(_) => errors += 1,
                 }
-                Ev::Item(it) => it.bind(py).clone(),
-                _ => continue, // written above
-            };
-            match encode_one.call1(py, (item,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
-                Ok(line) => full.extend_from_slice(&line),
-                Err(_) => errors += 1,
             }
-        }
-        full.extend_from_slice(&out[prev..]);
-        slf.try_borrow_mut()?.strings = strings;
-        drop(evs); // the held Python objects, released with the GIL held and the recorder not borrowed
-        Ok((PyBytes::new(py, &full).unbind(), n - errors, errors))
+            full.extend_from_slice(&out[prev..]);
+            std::mem::swap(&mut out, &mut full);
+            errors
+        };
+        let lines = PyBytes::new(py, &out).unbind();
+        // Emptied for the next drain: the held Python objects released with the GIL held and the recorder not borrowed.
+        let spare = Buffers { evs, mvals, out, full }.recycle();
+        let mut me = slf.try_borrow_mut()?;
+        me.strings = strings;
+        me.spare = spare;
+        Ok((lines, n - errors, errors))
     }
 }
 
