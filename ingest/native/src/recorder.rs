@@ -358,21 +358,16 @@ struct Buffers {
 impl Buffers {
     /// Emptied, keeping their room up to what a busy second needs (a spilled queue's is let go).
     fn recycle(mut self) -> Buffers {
-        self.evs.clear();
-        self.mvals.clear();
-        self.out.clear();
-        self.full.clear();
-        if self.evs.capacity() > 1 << 16 {
-            self.evs = Vec::new();
-        }
-        if self.mvals.capacity() > 1 << 16 {
-            self.mvals = Vec::new();
-        }
-        for b in [&mut self.out, &mut self.full] {
-            if b.capacity() > 1 << 24 {
-                *b = Vec::new();
+        fn empty<T>(v: &mut Vec<T>, keep_at_most: usize) {
+            v.clear();
+            if v.capacity() > keep_at_most {
+                *v = Vec::new();
             }
         }
+        empty(&mut self.evs, 1 << 16);
+        empty(&mut self.mvals, 1 << 16);
+        empty(&mut self.out, 1 << 24);
+        empty(&mut self.full, 1 << 24);
         self
     }
 }
@@ -1011,16 +1006,15 @@ impl Recorder {
     /// GIL released, then the log records and Python's items with it.
     fn drain(slf: &Bound<'_, Self>) -> PyResult<(Py<PyBytes>, usize, usize)> {
         let py = slf.py();
-        let (evs, mvals, mut bufs, mut strings, base, encode_one) = {
+        let (evs, mvals, mut out, mut full, mut strings, base, encode_one) = {
             let mut me = slf.try_borrow_mut()?;
             me.woken = false;
-            let mut bufs = take(&mut me.spare);
-            let evs = std::mem::replace(&mut me.evs, take(&mut bufs.evs));
-            let mvals = std::mem::replace(&mut me.mvals, take(&mut bufs.mvals));
-            (evs, mvals, bufs, take(&mut me.strings), me.base.clone(), me.encode_one.clone_ref(py))
+            let Buffers { evs: empty_evs, mvals: empty_mvals, out, full } = take(&mut me.spare);
+            let evs = std::mem::replace(&mut me.evs, empty_evs);
+            let mvals = std::mem::replace(&mut me.mvals, empty_mvals);
+            (evs, mvals, out, full, take(&mut me.strings), me.base.clone(), me.encode_one.clone_ref(py))
         };
         let n = evs.len();
-        let (mut out, mut full) = (take(&mut bufs.out), take(&mut bufs.full));
         let holes = py.detach(|| {
             out.reserve(n * 320);
             let mut holes: Vec<(usize, usize)> = Vec::new();
@@ -1034,32 +1028,7 @@ impl Recorder {
         let errors = if holes.is_empty() {
             0
         } else {
-            full.reserve(out.len() + holes.len() * 320);
-            let (mut prev, mut errors) = (0, 0);
-            for (at, i) in holes {
-                full.extend_from_slice(&out[prev..at]);
-                prev = at;
-                let item = match &evs[i] {
-                    Ev::Log { created, level, logger, msg, args, exc, sid, step } => {
-                        if log_line(py, &mut full, &mut strings, &base, *created, level, logger, msg, args, exc, *sid, *step) {
-                            continue;
-                        }
-                        let none = || py.None().into_bound(py);
-                        PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.into_pyobject(py)?.into_any(),
-                            level.bind(py).clone(), logger.bind(py).clone(), msg.bind(py).clone(),
-                            args.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
-                            exc.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
-                            sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?.into_any()
-                    }
-                    Ev::Item(it) => it.bind(py).clone(),
-                    _ => continue, // written above
-                };
-                match encode_one.call1(py, (item,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
-                    Ok(line) => full.extend_from_slice(&line),
-                    Err(_) => errors += 1,
-                }
-            }
-            full.extend_from_slice(&out[prev..]);
+            let errors = splice_python_lines(py, &out, &mut full, holes, &evs, &mut strings, &base, &encode_one)?;
             std::mem::swap(&mut out, &mut full);
             errors
         };
@@ -1071,6 +1040,48 @@ impl Recorder {
         me.spare = spare;
         Ok((lines, n - errors, errors))
     }
+}
+
+/// `out` with the lines the drain left out (log records, Python's items) written into their places, into
+/// `full`: log records formatted here, the rest by the Python encoder. Returns how many could not be encoded.
+#[allow(clippy::too_many_arguments)]
+fn splice_python_lines(
+    py: Python<'_>,
+    out: &[u8],
+    full: &mut Vec<u8>,
+    holes: Vec<(usize, usize)>,
+    evs: &[Ev],
+    strings: &mut HashMap<String, Vec<u8>>,
+    base: &[u8],
+    encode_one: &Py<PyAny>,
+) -> PyResult<usize> {
+    full.reserve(out.len() + holes.len() * 320);
+    let (mut prev, mut errors) = (0, 0);
+    for (at, i) in holes {
+        full.extend_from_slice(&out[prev..at]);
+        prev = at;
+        let item = match &evs[i] {
+            Ev::Log { created, level, logger, msg, args, exc, sid, step } => {
+                if log_line(py, full, strings, base, *created, level, logger, msg, args, exc, *sid, *step) {
+                    continue;
+                }
+                let none = || py.None().into_bound(py);
+                PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.into_pyobject(py)?.into_any(),
+                    level.bind(py).clone(), logger.bind(py).clone(), msg.bind(py).clone(),
+                    args.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
+                    exc.as_ref().map(|a| a.bind(py).clone()).unwrap_or_else(none),
+                    sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?.into_any()
+            }
+            Ev::Item(it) => it.bind(py).clone(),
+            _ => continue, // written by the drain
+        };
+        match encode_one.call1(py, (item,)).and_then(|b| b.extract::<Vec<u8>>(py)) {
+            Ok(line) => full.extend_from_slice(&line),
+            Err(_) => errors += 1,
+        }
+    }
+    full.extend_from_slice(&out[prev..]);
+    Ok(errors)
 }
 
 /// A common log record's line as `_encode_log` writes it; false sends it to the Python encoder.
