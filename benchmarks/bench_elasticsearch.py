@@ -79,7 +79,7 @@ def lines_of(paths: list[Path]) -> list[bytes]:
 
 def ours(url: str, lines: list[bytes], namespace: str, spool: Path) -> dict[str, float]:
     from shippers._elasticsearch import ElasticsearchShipper
-    from shippers._transport import HttpConfig
+    from jobtrace.http import HttpConfig
 
     shipper = ElasticsearchShipper(HttpConfig(url, timeout_s=60), spool, namespace=namespace, setup="off")
     c0, t0 = time.process_time(), time.perf_counter()
@@ -95,7 +95,7 @@ def ours(url: str, lines: list[bytes], namespace: str, spool: Path) -> dict[str,
 def documents(lines: list[bytes], namespace: str) -> list[dict[str, Any]]:
     import orjson
 
-    from shippers._es_document import data_stream_name, doc_id, to_document
+    from kibana._document import data_stream_name, doc_id, to_document
 
     actions = []
     for line in lines:
@@ -120,8 +120,8 @@ def helper(url: str, actions: list[dict[str, Any]], chunk_size: int) -> dict[str
 def bench_ship(url: str, work: Path, events: int, repeat: int) -> dict[str, Any]:
     import requests
 
-    from shippers._es_setup import run_setup
-    from shippers._transport import HttpConfig
+    from kibana._setup import run_setup
+    from jobtrace.http import HttpConfig
 
     run_setup(HttpConfig(url), replicas=0)
     ranks = 32
@@ -163,8 +163,8 @@ def child(url: str, data: Path, job: str) -> dict[str, Any]:
 
 def bench_trace(url: str, work: Path, ranks: int, steps: int) -> dict[str, Any]:
     from shippers._elasticsearch import ElasticsearchShipper
-    from shippers._es_setup import run_setup
-    from shippers._transport import HttpConfig
+    from kibana._setup import run_setup
+    from jobtrace.http import HttpConfig
 
     run_setup(HttpConfig(url), replicas=0)
     job = f"trace-{ranks}x{steps}"

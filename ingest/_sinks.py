@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable, Final, Sequence
 
 from jobtrace.errors import ConfigError
-from shippers import LocalStoreSink, Sink, job_dir
+from jobtrace.store import job_dir, spool_root
+from shippers import LocalStoreSink, Sink
 
 __all__ = ["SINK_KINDS", "MemorySink", "SinkFactory", "open_sink"]
 
@@ -86,9 +87,9 @@ class _SharedSink:
 
 
 def _network(kind: str, job: str, data_dir: str | os.PathLike[str], url: str | None) -> SinkFactory:
-    from shippers._registry import ProcessInfo, open_shipper
+    from shippers import ProcessInfo, open_shipper
 
-    info = ProcessInfo(job, "ingest", 0, os.getpid(), job_dir(data_dir, job) / ".spool" / f"ingest-{os.getpid()}")
+    info = ProcessInfo(job, "ingest", 0, os.getpid(), spool_root(data_dir, job) / f"ingest-{os.getpid()}")
     sink: Sink = open_shipper(kind, info, url)
     shared = _SharedSink(sink)
 

@@ -95,7 +95,7 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
     """
     from queries import AnalysisConfig
     from queries import trace_job as run_trace
-    from queries._backends import TimeRange, load_job
+    from queries import TimeRange, load_job
 
     console = Console(stderr=False)
     try:
@@ -133,14 +133,73 @@ def _add_ingest_command() -> None:
 _add_ingest_command()
 
 
-def _add_setup_command() -> None:
-    """``jobtrace setup``: templates, retention and saved objects for Elasticsearch/OpenSearch (shippers._es_setup)."""
-    from shippers._es_setup import setup_command_factory
+@main.command(name="setup")
+@click.option("--url", envvar="JOBTRACE_ES_URL", required=True,
+              help="Elasticsearch/OpenSearch URL (credentials: JOBTRACE_ES_USERNAME/_PASSWORD, _API_KEY, _TOKEN, "
+                   "_CA_FILE; see the README).")
+@click.option("--kibana-url", envvar="JOBTRACE_KIBANA_URL", default=None,
+              help="Kibana or OpenSearch Dashboards URL: also import the saved objects "
+                   "(credentials: JOBTRACE_KIBANA_*, default the JOBTRACE_ES_* ones).")
+@click.option("--kibana-space", default=None, help="Kibana space to import into (default space if not given).")
+@click.option("--logs-retention", default="7d", show_default=True, envvar="JOBTRACE_ES_LOGS_RETENTION",
+              help="How long to keep log records and heartbeats (7d, 2w, 1y).")
+@click.option("--metrics-retention", default="365d", show_default=True, envvar="JOBTRACE_ES_METRICS_RETENTION",
+              help="How long to keep metric points and per-step step spans.")
+@click.option("--traces-retention", default=None, envvar="JOBTRACE_ES_TRACES_RETENTION",
+              help="How long to keep phase/collective spans (default: as logs).")
+@click.option("--replicas", type=click.IntRange(0), default=None,
+              help="index.number_of_replicas for jobtrace data (default: the cluster's).")
+@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
+              help="Seconds to wait for the servers to come up (for compose stacks).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_retention: str,
+          metrics_retention: str, traces_retention: str | None, replicas: int | None, wait_s: float,
+          as_json: bool) -> None:
+    """Install jobtrace's index templates, retention policies and Kibana saved objects (idempotent).
 
-    main.add_command(setup_command_factory(), name="setup")
+    Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 3 error.
+    """
+    import os
+    from dataclasses import asdict
 
+    import orjson
 
-_add_setup_command()
+    from jobtrace.http import HttpConfig
+    from jobtrace.redact import redact_url
+    from kibana import Retention, parse_days, run_setup
+
+    err = Console(stderr=True)
+    try:
+        retention = Retention(parse_days(logs_retention), parse_days(metrics_retention),
+                              parse_days(traces_retention) if traces_retention else None)
+        config = HttpConfig.from_env("JOBTRACE_ES", url=url)
+        kb = None
+        if kibana_url:
+            prefix = "JOBTRACE_KIBANA" if any(
+                os.environ.get(f"JOBTRACE_KIBANA_{k}") for k in
+                ("USERNAME", "PASSWORD", "PASSWORD_FILE", "TOKEN", "TOKEN_FILE", "API_KEY", "API_KEY_FILE")
+            ) else "JOBTRACE_ES"
+            kb = HttpConfig.from_env(prefix, url=kibana_url)
+        report = run_setup(config, retention=retention, replicas=replicas, kibana=kb, kibana_space=kibana_space,
+                           wait_s=wait_s, flavour=os.environ.get("JOBTRACE_ES_FLAVOR"))
+    except JobtraceError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(3)
+    if as_json:
+        click.echo(orjson.dumps(asdict(report) | {"ok": report.ok}, option=orjson.OPT_INDENT_2).decode())
+    else:
+        out = Console()
+        out.print(f"[bold]{report.cluster}[/] at {redact_url(config.url)}", highlight=False)
+        for item in report.installed:
+            out.print(f"  installed  {item}", highlight=False)
+        for item in report.unchanged:
+            out.print(f"  unchanged  {item}", highlight=False)
+        out.print(f"  retention  {report.retention}", highlight=False)
+        if report.saved_objects:
+            out.print(f"  saved objects  {report.saved_objects}", highlight=False)
+        for w in report.warnings:
+            out.print(f"[yellow]warning:[/] {w}", highlight=False)
+    sys.exit(0 if report.ok else 1)
 
 
 @main.command()
@@ -157,7 +216,7 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     import os
     from pathlib import Path
 
-    from shippers._registry import ProcessInfo, open_shipper
+    from shippers import ProcessInfo, open_shipper
 
     console = Console(stderr=True)
     path = Path(spool_dir)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import orjson
 
-from otel_instrumentation._identity import trace_id_for_job
-from shippers._local import job_dir
+from jobtrace.identity import trace_id_for_job
+from jobtrace.store import compact as write_segment
+from jobtrace.store import job_dir
 
 __all__ = ["SynthJob", "write_job"]
 
@@ -169,8 +170,6 @@ def _write_rank(directory: Path, job: SynthJob, starts: list[int], computes: lis
                                  "logger": "train", "msg": f"step {s} loss {loss:.4f}"}, option=nl))
     size = path.stat().st_size
     if compact:
-        from queries._segments import compact as write_segment
-
         if write_segment(path) is not None and not keep_lines:
             path.unlink()
     return size

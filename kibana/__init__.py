@@ -1,10 +1,19 @@
-"""Elasticsearch/OpenSearch and Kibana/OpenSearch Dashboards assets, as data files.
+"""Everything jobtrace knows about Elasticsearch/OpenSearch and Kibana/OpenSearch Dashboards.
+
+The one home of that backend's wire knowledge, used by the shipper that writes to it, the
+reader that queries it and ``jobtrace setup``:
+
+* :mod:`._document`: an event as an ECS document and back (field names, data streams,
+  document ids derived from the line);
+* :mod:`._setup`: the cluster (flavour from ``GET /``), its clients, and the installer of
+  templates, retention policies and saved objects;
+* the packaged assets, as data files:
 
 * ``templates/``: the component templates (``jobtrace-mappings``, ``jobtrace-settings``),
   one composable index template per data stream type (``index-template-<type>.json``
   for ``logs-jobtrace-*``, ``metrics-jobtrace-*``, ``traces-jobtrace-*``) and the
   retention policy bodies (``ilm-policy.json`` for Elasticsearch, ``ism-policy.json``
-  for OpenSearch) whose ages :mod:`shippers._es_setup` fills in.
+  for OpenSearch) whose ages the installer fills in.
 * ``saved_objects/kibana.ndjson``: a data view, saved searches, visualizations and a
   dashboard for Kibana 8.9+ (``POST /api/saved_objects/_import``).
   ``saved_objects/opensearch-dashboards.ndjson``: the same objects in the Kibana 7.10
@@ -17,36 +26,78 @@ so at start.
 
 from __future__ import annotations
 
-import copy
-import functools
-import json
-from importlib import resources
-from typing import Any
+from ._assets import FLAVOURS, SAVED_OBJECT_FILES, load_template, saved_objects, saved_objects_path
+from ._document import (
+    DATASET,
+    ECS_VERSION,
+    STREAM_TYPES,
+    constant_fields,
+    data_stream_name,
+    doc_id,
+    document_core,
+    from_document,
+    iso_ns,
+    parse_iso_ns,
+    stream_type,
+    to_document,
+    validate_namespace,
+)
+from ._setup import (
+    TEMPLATE_VERSION,
+    Caller,
+    Cluster,
+    Retention,
+    SetupReport,
+    check,
+    client_caller,
+    detect_cluster,
+    error_reason,
+    import_saved_objects,
+    install,
+    is_victorialogs,
+    make_client,
+    parse_days,
+    parse_root,
+    run_setup,
+    templates_current,
+    transport_caller,
+)
 
-__all__ = ["FLAVOURS", "SAVED_OBJECT_FILES", "load_template", "saved_objects", "saved_objects_path"]
-
-FLAVOURS = ("kibana", "opensearch-dashboards")
-SAVED_OBJECT_FILES = {"kibana": "kibana.ndjson", "opensearch-dashboards": "opensearch-dashboards.ndjson"}
-
-
-@functools.cache
-def _read_json(name: str) -> Any:
-    return json.loads(resources.files(__name__).joinpath("templates").joinpath(name).read_text(encoding="utf-8"))
-
-
-def load_template(name: str) -> Any:
-    """A fresh (deep-copied) body from ``templates/<name>.json``."""
-    return copy.deepcopy(_read_json(name if name.endswith(".json") else name + ".json"))
-
-
-def saved_objects_path(flavour: str) -> Any:
-    """The packaged NDJSON file for ``kibana`` or ``opensearch-dashboards`` (a Traversable)."""
-    if flavour not in SAVED_OBJECT_FILES:
-        raise ValueError(f"unknown dashboards flavour {flavour!r}; one of {', '.join(FLAVOURS)}")
-    return resources.files(__name__).joinpath("saved_objects").joinpath(SAVED_OBJECT_FILES[flavour])
-
-
-def saved_objects(flavour: str) -> bytes:
-    """The NDJSON bytes to import into Kibana (``kibana``) or OpenSearch Dashboards."""
-    data: bytes = saved_objects_path(flavour).read_bytes()
-    return data
+__all__ = [
+    "DATASET",
+    "ECS_VERSION",
+    "FLAVOURS",
+    "SAVED_OBJECT_FILES",
+    "STREAM_TYPES",
+    "TEMPLATE_VERSION",
+    "Caller",
+    "Cluster",
+    "Retention",
+    "SetupReport",
+    "check",
+    "client_caller",
+    "constant_fields",
+    "data_stream_name",
+    "detect_cluster",
+    "doc_id",
+    "document_core",
+    "error_reason",
+    "from_document",
+    "import_saved_objects",
+    "install",
+    "is_victorialogs",
+    "iso_ns",
+    "load_template",
+    "make_client",
+    "parse_days",
+    "parse_iso_ns",
+    "parse_root",
+    "run_setup",
+    "saved_objects",
+    "saved_objects_path",
+    "stream_type",
+    "templates_current",
+    "to_document",
+    "transport_caller",
+    "validate_namespace",
+]

@@ -276,7 +276,7 @@ def render(flavour: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kibana import SAVED_OBJECT_FILES
+    from ._assets import SAVED_OBJECT_FILES
 
     target = Path(__file__).resolve().parent / "saved_objects"
     target.mkdir(exist_ok=True)

@@ -13,9 +13,11 @@ Then, optionally, mark steps and phases and record metrics::
 
 from __future__ import annotations
 
-from ._identity import Identity, resolve_identity, trace_id_for_job
+from jobtrace.identity import Identity, resolve_identity, trace_id_for_job
 from ._logging import TraceContextFilter
-from ._setup import Tracing, get_tracing, init_tracing, log_metrics, phase, span, step
+import sys
+
+from ._setup import Tracing, get_tracing, init_tracing, log_metrics, phase, publish_entry_points_on, span, step
 
 __all__ = [
     "Identity",
@@ -30,3 +32,5 @@ __all__ = [
     "step",
     "trace_id_for_job",
 ]
+
+publish_entry_points_on(sys.modules[__name__])

@@ -27,11 +27,11 @@ import orjson
 
 from jobtrace.events import json_default
 
-from ._identity import Identity
+from jobtrace.identity import Identity
 from ._recorder import _METRIC, Recorder, log_fields, prepare_metric_values
 
 if TYPE_CHECKING:
-    from shippers._batch import BatchWorker
+    from shippers import BatchWorker
 
 # ImportError: not installed (make_recorder falls back to the Python recorder).
 jobtrace_native = importlib.import_module("jobtrace_native")

@@ -24,7 +24,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanCont
 
 from jobtrace.events import SpanCategory
 
-from ._identity import Identity
+from jobtrace.identity import Identity
 from ._recorder import _SPAN, Recorder
 
 __all__ = ["install_otel", "resource_for"]

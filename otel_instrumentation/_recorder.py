@@ -40,10 +40,10 @@ import orjson
 
 from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines, json_default
 
-from ._identity import Identity
+from jobtrace.identity import Identity
 
 if TYPE_CHECKING:
-    from shippers._batch import BatchWorker
+    from shippers import BatchWorker
 
 __all__ = ["Recorder", "Span", "log_fields", "prepare_metric_values"]
 

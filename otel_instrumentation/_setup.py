@@ -22,19 +22,19 @@ import traceback
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from time import time_ns
-from types import FrameType, TracebackType
+from types import FrameType, ModuleType, TracebackType
 from typing import Any, Callable, Sequence
 
 from jobtrace.errors import ConfigError, StoreError
 from jobtrace.events import SpanCategory
 from shippers import BatchWorker, LocalStoreSink, Sink
-from shippers._local import DEFAULT_DATA_DIR
+from jobtrace.store import DEFAULT_DATA_DIR, spool_root
 
-from ._identity import Identity, job_root_span_id, resolve_identity
+from jobtrace.identity import Identity, job_root_span_id, resolve_identity
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
 from ._recorder import Recorder, Span
 
-__all__ = ["Tracing", "init_tracing", "get_tracing", "step", "phase", "span", "log_metrics"]
+__all__ = ["Tracing", "get_tracing", "init_tracing", "log_metrics", "phase", "publish_entry_points_on", "span", "step"]
 
 _lock = threading.Lock()
 _active: Tracing | None = None
@@ -331,13 +331,12 @@ def _torch_importable() -> bool:
 
 def _default_sinks(data_dir: str | None, strict: bool) -> Callable[[Identity], list[Sink]]:
     def build(ident: Identity) -> list[Sink]:
-        from shippers._local import job_dir
-        from shippers._registry import ProcessInfo, local_store_enabled, network_sinks_from_env
+        from shippers import ProcessInfo, local_store_enabled, network_sinks_from_env
 
         target = data_dir or os.environ.get("JOBTRACE_DATA_DIR") or DEFAULT_DATA_DIR
         network: list[Sink] = []
         try:
-            info = ProcessInfo(ident.job_id, ident.node, ident.rank, ident.pid, job_dir(target, ident.job_id) / ".spool")
+            info = ProcessInfo(ident.job_id, ident.node, ident.rank, ident.pid, spool_root(target, ident.job_id))
             network = network_sinks_from_env(info)
         except Exception as exc:  # noqa: BLE001 - a bad server config must not stop training
             if strict:
@@ -356,7 +355,7 @@ def _otlp_sinks(ident: Identity) -> list[Sink]:
     if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
         return []
     try:
-        from shippers._otlp import OtlpSpanSink, RootSpan
+        from shippers import OtlpSpanSink, RootSpan
 
         from ._otel import resource_for
 
@@ -468,6 +467,16 @@ def get_tracing() -> Tracing | None:
 
 
 _ENTRY_POINTS = ("step", "phase", "span", "log_metrics")
+_entry_namespaces: list[ModuleType] = []
+"""The modules whose ``step``/``phase``/``span``/``log_metrics`` :func:`_publish` rebinds (the package's
+``__init__`` registers itself, so this module never imports the package that imports it)."""
+
+
+def publish_entry_points_on(namespace: ModuleType) -> None:
+    """Keep ``namespace``'s entry points bound to the live recorder's from now on."""
+    if namespace not in _entry_namespaces:
+        _entry_namespaces.append(namespace)
+    _publish(_active.recorder if _active is not None else None)
 
 
 def _publish(recorder: Recorder | None) -> None:
@@ -479,12 +488,11 @@ def _publish(recorder: Recorder | None) -> None:
     each call, so a script gets the compiled one while tracing runs; a name imported before
     ``init_tracing`` keeps the function below, which does the same one frame slower.
     """
-    import otel_instrumentation as package
-
     fast = recorder.entry_points() if recorder is not None else {}
     here = globals()
-    for name in _ENTRY_POINTS:
-        setattr(package, name, fast.get(name, here[name]))
+    for namespace in _entry_namespaces:
+        for name in _ENTRY_POINTS:
+            setattr(namespace, name, fast.get(name, here[name]))
 
 
 # The module-level helpers build the Span directly: every layer of call and ``**attrs``

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ._backends import BACKENDS, TimeRange, load_job
 from ._analysis import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, analyze
 from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_flight_recorder
 from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
@@ -16,6 +17,9 @@ from ._timeline import timeline_data, write_perfetto, write_timeline_html
 from ._trace import TraceOptions, mark_golden, trace_job
 
 __all__ = [
+    "BACKENDS",
+    "TimeRange",
+    "load_job",
     "AnalysisConfig",
     "EventRef",
     "Finding",

@@ -1,7 +1,7 @@
 """From a job's ``events`` table to a verdict: who is slow, who is stalled, what went wrong, and why.
 
 All heavy lifting is SQL over the columnar ``events`` table: four derived tables (see
-:mod:`queries._tables`) are built with one scan each, and every check then reads those
+:mod:`jobtrace.store`) are built with one scan each, and every check then reads those
 or runs a small targeted query, so the cost grows with events in DuckDB and with ranks
 (not events) in Python. Only the ``events`` table is read, so the embedded store and
 every log server backend give the same verdict.
@@ -32,7 +32,7 @@ from ._links import LinkConfig, attach_links
 from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, ms, rows
 from ._store import JobData
 from ._straggler import analyze_stragglers, late_arrival_findings, late_arrivals, window_size
-from ._tables import build_tables
+from jobtrace.store import build_tables
 
 __all__ = ["AnalysisConfig", "EventRef", "Finding", "NodeSummary", "RankSummary", "Report", "analyze"]
 

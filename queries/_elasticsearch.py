@@ -5,7 +5,7 @@ read with a point in time and ``search_after``, in pages of ``page_size`` docume
 index order (``_shard_doc`` on Elasticsearch; ``_index`` + ``_doc`` on OpenSearch, whose
 ``_doc`` is unique only within a shard, so only where every backing index has one
 shard, else ``@timestamp`` + ``event.id``; see :func:`_sort`). Each page is turned
-back into canonical events (:func:`shippers._es_document.from_document`) and streamed
+back into canonical events (:func:`kibana.from_document`) and streamed
 into :func:`queries._store.load_events`, which stages them on disk for DuckDB, so
 Python holds one page at a time whatever the size of the job; the analysis is then
 the one the embedded store gets.
@@ -25,24 +25,23 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from jobtrace.errors import ConfigError, JobNotFound, QueryError
-from shippers._es_document import (
+from jobtrace.http import HttpConfig, RequestsTransport
+from jobtrace.redact import redact_url
+from kibana import (
     STREAM_TYPES,
-    from_document,
-    iso_ns,
-    validate_namespace,
-)
-from shippers._es_setup import (
     Caller,
     Cluster,
     check,
     client_caller,
     detect_cluster,
     error_reason,
+    from_document,
+    iso_ns,
     make_client,
+    validate_namespace,
 )
-from shippers._transport import HttpConfig, RequestsTransport, _strip_userinfo
 
-from ._backends import TimeRange
+from ._reading import TimeRange
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["iter_job_documents", "load_elasticsearch"]
@@ -234,7 +233,7 @@ def load_elasticsearch(job_id: str, *, url: str | None = None, time_range: TimeR
     """
     cfg = config or HttpConfig.from_env("JOBTRACE_ES", url=url)
     namespace = namespace or os.environ.get("JOBTRACE_ES_NAMESPACE") or None
-    where = _strip_userinfo(cfg.url)
+    where = redact_url(cfg.url)
     raw = RequestsTransport(cfg)
     try:
         cluster = detect_cluster(raw, cfg.url, cfg.timeout_s, flavour or os.environ.get("JOBTRACE_ES_FLAVOR"))

@@ -31,7 +31,7 @@ import orjson
 
 from jobtrace.errors import QueryError
 
-from ._segments import json_scan_sql
+from jobtrace.store import json_scan_sql
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["add_flight_recorder", "flight_recorder_events", "load_flight_recorder", "read_flight_recorder"]
@@ -173,7 +173,7 @@ def flight_recorder_events(dumps: list[tuple[int, dict[str, Any], int]], job_id:
 
 def load_flight_recorder(job_id: str, paths: Iterable[str | os.PathLike[str]]) -> JobData:
     """A job made of Flight Recorder dumps alone (when jobtrace was not running)."""
-    from otel_instrumentation._identity import trace_id_for_job
+    from jobtrace.identity import trace_id_for_job
 
     dumps = read_flight_recorder(paths)
     events = flight_recorder_events(dumps, job_id, trace_id_for_job(job_id))

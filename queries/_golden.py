@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
+from jobtrace import store
 from jobtrace.errors import QueryError
 
 from ._model import AnalysisConfig, EventRef, Finding, rows
@@ -98,7 +99,7 @@ def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
 
 def golden_dir(data_dir: str | os.PathLike[str]) -> Path:
     """References live beside the jobs, in a folder no job id can name (ids never start with a dot)."""
-    return Path(data_dir) / ".golden"
+    return store.golden_dir(data_dir)
 
 
 def _path(directory: str | os.PathLike[str], name: str) -> Path:

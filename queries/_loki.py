@@ -38,10 +38,11 @@ from urllib.parse import urlencode
 import orjson
 
 from jobtrace.errors import ConfigError, JobNotFound, QueryError
+from jobtrace.http import url_without_suffix
+from jobtrace.redact import url_for_display
+from loki import label_string
 
-from shippers._transport import url_for_display, url_without_suffix
-
-from ._backends import TimeRange, busy_windows, even_windows, read_request
+from ._reading import TimeRange, busy_windows, even_windows, read_request
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["LokiReader", "load_loki", "query_base"]
@@ -94,7 +95,7 @@ class LokiReader:
 
     # ---- HTTP ------------------------------------------------------------------------------------
     def get(self, path: str, params: dict[str, Any]) -> Any:
-        from shippers._transport import Request
+        from jobtrace.http import Request
 
         response = read_request(self.transport, Request("GET", f"{self.base}/{path}?{urlencode(params)}", b"",
                                                         self.headers),
@@ -203,8 +204,6 @@ class LokiReader:
 
     def _fetch_instant(self, selector: str, ts: int) -> list[tuple[int, str]]:
         """All entries at exactly ``ts``: one query per stream (from the series API)."""
-        from shippers._loki import label_string
-
         series = self.get("series", {"match[]": selector, "start": str(ts), "end": str(ts + 1)})
         out: list[tuple[int, str]] = []
         for labels in series if isinstance(series, list) else []:
@@ -255,7 +254,7 @@ def load_loki(job_id: str, *, url: str | None = None, time_range: TimeRange, tra
               limit: int | None = None, parallel: int | None = None, **options: Any) -> JobData:
     """Load ``job_id`` from Loki (``url`` or ``JOBTRACE_LOKI_URL``; auth and tenant from ``JOBTRACE_LOKI_*``)."""
     import loki
-    from shippers._transport import HttpConfig, RequestsTransport
+    from jobtrace.http import HttpConfig, RequestsTransport
 
     config = HttpConfig.from_env("JOBTRACE_LOKI", url)
     reader = LokiReader(

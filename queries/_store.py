@@ -13,22 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import duckdb
 import orjson
 
 from jobtrace.errors import JobNotFound, QueryError
 from jobtrace.events import COLUMNS
-from shippers._local import job_dir
-
-from ._segments import SEGMENT_RE, count_lines, json_scan_sql, orphan_segments, rollup_paths, segment_for
-from ._sql import literal, literal_list
+from jobtrace.store import cache_dir, count_lines, job_dir, job_files, json_scan_sql, list_jobs, literal, literal_list
 
 __all__ = ["COLUMNS", "JobData", "ReadStats", "load_local", "load_events", "list_local_jobs"]
 
@@ -89,15 +84,8 @@ def _connect() -> duckdb.DuckDBPyConnection:
 
 
 def list_local_jobs(data_dir: str | os.PathLike[str]) -> list[str]:
-    root = Path(data_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and (any(p.glob("*.jsonl")) or any(_segments(p))))
-
-
-def _segments(directory: Path) -> Iterable[Path]:
-    return (p for p in directory.glob("*.jsonl.*.parquet") if SEGMENT_RE.match(p.name))
+    """The jobs in the embedded store at ``data_dir``."""
+    return list_jobs(data_dir)
 
 
 _SETTLED_S = 60.0
@@ -116,66 +104,11 @@ def _signature(paths: list[str]) -> tuple[str, bool]:
     return h.hexdigest()[:16], (time.time_ns() - newest) / 1e9 > settle_s
 
 
-@dataclass
-class _Files:
-    """A job directory's files, each rank's data taken once: from its segment when it matches, else its lines."""
-
-    lines: list[str] = field(default_factory=list)
-    segments: list[str] = field(default_factory=list)
-    unrolled: list[str] = field(default_factory=list)
-    """Segments without a complete rollup: their ranks' derived rows must be built from their events."""
-    rollups: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def all(self) -> list[str]:
-        return sorted(self.lines + self.segments)
-
-    def add_segment(self, seg: Path, rollup_ok: bool) -> None:
-        self.segments.append(str(seg))
-        rollup = rollup_paths(seg)
-        if rollup_ok and all(p.exists() for p in rollup.values()):
-            for table, p in rollup.items():
-                self.rollups.setdefault(table, []).append(str(p))
-        else:
-            self.unrolled.append(str(seg))
-
-
-_RANK_IN_NAME: Final = re.compile(r"\.r(-?\d+)\.p\d+\.jsonl")
-
-
-def _job_files(directory: Path) -> _Files:
-    """JSON-lines files without a matching segment, and the segments that stand for the rest.
-
-    A segment stands for its JSON file only while the file has the length and mtime the
-    segment was made from; a segment whose JSON file is gone (raw logs pruned) stands alone.
-    """
-    files = _Files()
-    jsonl = sorted(directory.glob("*.jsonl"))
-    names = {p.name for p in jsonl}
-    orphans = orphan_segments(directory, names)
-    # A rank that restarted has a file per life; its per-step rows must be derived over all of them.
-    lives = Counter(m[1] for n in [*names, *orphans] if (m := _RANK_IN_NAME.search(n)))
-    for path in jsonl:
-        segment = segment_for(path)
-        if segment:
-            files.add_segment(segment, _one_life(path.name, lives))
-        else:
-            files.lines.append(str(path))
-    for source, seg in orphans.items():
-        files.add_segment(seg, _one_life(source, lives))
-    return files
-
-
-def _one_life(name: str, lives: Counter[str]) -> bool:
-    m = _RANK_IN_NAME.search(name)
-    return m is None or lives[m[1]] == 1
-
-
 def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = True, cache: bool = True) -> JobData:
     """Load a job from the embedded store; torn and corrupt lines are skipped and counted.
 
     Each rank that exited cleanly left a Parquet segment of its lines (see
-    :mod:`queries._segments`); those are queried in place, and only the other ranks'
+    :mod:`jobtrace.store`); those are queried in place, and only the other ranks'
     JSON lines (a crashed or killed rank, a job still running) are parsed. The first
     read of a finished job that needed parsing keeps a zstd Parquet copy of the whole
     job in ``<job>/.cache/``, so ``trace-job`` on a 1,000-rank job is fast the second
@@ -183,14 +116,14 @@ def load_local(data_dir: str | os.PathLike[str], job_id: str, *, verify: bool = 
     file's size and mtime, so any new line invalidates it; a running job is never cached.
     """
     directory = job_dir(data_dir, job_id)
-    files = _job_files(directory)
+    files = job_files(directory)
     if not files.lines and not files.segments:
         known = list_local_jobs(data_dir)
         hint = f"; jobs in {data_dir}: {', '.join(known[:10])}" if known else f"; {data_dir} holds no jobs"
         raise JobNotFound(f"no events for job {job_id!r} in {directory}{hint}")
     con = _connect()
     sig, settled = _signature(files.all)
-    cached = directory / ".cache" / f"events-{sig}.parquet"
+    cached = cache_dir(directory) / f"events-{sig}.parquet"
     stats_file = cached.with_suffix(".stats.json")
     if cache and files.lines and cached.exists() and stats_file.exists():
         try:

@@ -33,10 +33,11 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from jobtrace.errors import JobNotFound
+from jobtrace.http import url_without_suffix
+from jobtrace.redact import url_for_display
+from loki import logsql_quote
 
-from shippers._transport import url_for_display, url_without_suffix
-
-from ._backends import TimeRange, busy_windows, read_request
+from ._reading import TimeRange, busy_windows, read_request
 from ._store import COLUMNS, JobData, ReadStats, load_events
 
 __all__ = ["VictoriaLogsReader", "load_victorialogs", "logsql_quote", "rfc3339_ns"]
@@ -44,13 +45,6 @@ __all__ = ["VictoriaLogsReader", "load_victorialogs", "logsql_quote", "rfc3339_n
 _log = logging.getLogger("jobtrace.query")
 
 _MAX_BUCKETS = 5_000
-
-
-def logsql_quote(value: str) -> str:
-    """A double-quoted LogsQL string (VictoriaLogs unquotes with Go's rules)."""
-    from shippers._loki import logql_quote
-
-    return logql_quote(value)
 
 
 def rfc3339_ns(ns: int) -> str:
@@ -99,7 +93,7 @@ class VictoriaLogsReader:
         """Rows of a LogsQL query over ``[start, end)`` (one dict per JSON line)."""
         from urllib.parse import urlencode
 
-        from shippers._transport import Request
+        from jobtrace.http import Request
 
         body = urlencode({"query": logsql, "start": rfc3339_ns(start_ns), "end": rfc3339_ns(end_ns)}).encode()
         response = read_request(self.transport, Request("POST", f"{self.base}/select/logsql/query", body, self.headers),
@@ -201,7 +195,7 @@ def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRa
                       parallel: int | None = None, **options: Any) -> JobData:
     """Load ``job_id`` from VictoriaLogs (``url`` or ``JOBTRACE_VL_URL``; auth from ``JOBTRACE_VL_*``;
     ``JOBTRACE_VL_TENANT=<AccountID>[:<ProjectID>]``)."""
-    from shippers._transport import HttpConfig, RequestsTransport
+    from jobtrace.http import HttpConfig, RequestsTransport
 
     config = HttpConfig.from_env("JOBTRACE_VL", url)
     reader = VictoriaLogsReader(config.url, transport or RequestsTransport(config), tenant=config.tenant,

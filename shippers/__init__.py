@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from ._batch import BatchWorker, Sink, WorkerStats
 from ._export import ExportSummary, export_job
-from ._local import LocalStoreSink, job_dir
-from ._registry import open_shipper
+from ._local import LocalStoreSink
+from ._loki_logging import LokiHandler
+from ._otlp import OtlpSpanSink, RootSpan
+from ._process import ProcessInfo
+from ._registry import NETWORK_BACKENDS, local_store_enabled, network_sinks_from_env, open_shipper
 from ._sender import Encoder, Outcome, SenderStats, SpoolingSender
 from ._spool import Batch, DeadLetter, Spool
-from ._transport import (
+from jobtrace.http import (
     HttpConfig,
     InMemoryTransport,
     Request,
@@ -25,6 +28,7 @@ from ._transport import (
 )
 
 __all__ = [
+    "NETWORK_BACKENDS",
     "Batch",
     "BatchWorker",
     "DeadLetter",
@@ -34,6 +38,10 @@ __all__ = [
     "InMemoryTransport",
     "LocalStoreSink",
     "Outcome",
+    "RootSpan",
+    "ProcessInfo",
+    "OtlpSpanSink",
+    "LokiHandler",
     "Request",
     "RequestsTransport",
     "Response",
@@ -45,6 +53,7 @@ __all__ = [
     "Transport",
     "WorkerStats",
     "export_job",
-    "job_dir",
+    "network_sinks_from_env",
+    "local_store_enabled",
     "open_shipper",
 ]

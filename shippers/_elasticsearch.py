@@ -6,7 +6,7 @@ with backoff and ``Retry-After``, dead-letter file, one request in flight) aroun
 
 * ``request(lines)``: one ``POST /_bulk`` of ``create`` actions (data streams take
   nothing else) into ``logs-``, ``metrics-`` or ``traces-jobtrace-<namespace>``, each
-  canonical line mapped to an ECS document (:mod:`shippers._es_document`) with a
+  canonical line mapped to an ECS document (:mod:`kibana`) with a
   deterministic ``_id``: a batch replayed after a crash or a lost response comes back
   as ``409 version_conflict_engine_exception``, which counts as stored. No duplicates.
 * ``outcome(lines, response)``: reads every item of the bulk response. ``201`` and
@@ -21,7 +21,7 @@ basic or bearer auth; TLS with the system or a given CA, verification on by defa
 see :meth:`~shippers.HttpConfig.from_env`), so retrying and spooling stay in the one
 shared core and a training process never imports a search client. Flavour detection
 and template installation (``GET /``, then the templates; see
-:mod:`shippers._es_setup`) happen once, on the sender thread, before the first bulk
+:mod:`kibana`) happen once, on the sender thread, before the first bulk
 request, so an unreachable server at start costs nothing but a retry later.
 
 Environment (besides ``JOBTRACE_ES_URL`` and the credentials):
@@ -55,37 +55,28 @@ from urllib.parse import urlencode
 import orjson
 
 from jobtrace.errors import BackendUnavailable, ConfigError
-
-from ._es_document import (
+from jobtrace.http import HttpConfig, Request, RequestsTransport, Response, RetryPolicy, Transport
+from jobtrace.redact import redact_url
+from kibana import (
     STREAM_TYPES,
-    constant_fields,
-    data_stream_name,
-    doc_id,
-    document_core,
-    validate_namespace,
-)
-from ._es_setup import (
     Cluster,
     Retention,
-    _is_victorialogs,
+    constant_fields,
+    data_stream_name,
     detect_cluster,
+    doc_id,
+    document_core,
     install,
+    is_victorialogs,
     templates_current,
     transport_caller,
-)
-from ._sender import Outcome, SpoolingSender
-from ._transport import (
-    HttpConfig,
-    Request,
-    RequestsTransport,
-    Response,
-    RetryPolicy,
-    Transport,
-    _strip_userinfo,
+    validate_namespace,
 )
 
+from ._sender import Outcome, SpoolingSender
+
 if TYPE_CHECKING:
-    from ._registry import ProcessInfo
+    from ._process import ProcessInfo
 
 __all__ = ["ElasticsearchShipper", "EsBulkEncoder", "SetupOnFirstUse"]
 
@@ -124,7 +115,7 @@ class EsBulkEncoder:
         self.max_batch_bytes = max_batch_bytes
         self.compress = compress
         base = url.rstrip("/")
-        self.victorialogs = _is_victorialogs(base) if victorialogs is None else victorialogs
+        self.victorialogs = is_victorialogs(base) if victorialogs is None else victorialogs
         if self.victorialogs:
             query = {"_time_field": "@timestamp", "_msg_field": "message",
                      "_stream_fields": "data_stream.type,jobtrace.job,host.name"}
@@ -165,7 +156,7 @@ class EsBulkEncoder:
         status = response.status
         everything = list(range(len(lines)))
         if status in CONFIG_STATUSES or 300 <= status < 400:
-            self._warn_once(f"http{status}", f"HTTP {status} from {_strip_userinfo(self.url.split('?')[0])}: "
+            self._warn_once(f"http{status}", f"HTTP {status} from {redact_url(self.url.split('?')[0])}: "
                             f"{_snippet(response.body)}; check JOBTRACE_ES_URL and the credentials. Events stay "
                             "spooled on disk and are sent once this is fixed")
             return Outcome(retry=everything, status=status)
@@ -265,7 +256,7 @@ class SetupOnFirstUse:
         return self.inner.send(request, timeout_s)
 
     def _setup(self, timeout_s: float) -> None:
-        where = _strip_userinfo(self.url)
+        where = redact_url(self.url)
         try:
             cluster = detect_cluster(self.inner, self.url, timeout_s, self.flavour)
             if cluster.flavour != "victorialogs":

@@ -28,15 +28,15 @@ from typing import Any, Callable, Generator
 import orjson
 
 from jobtrace.errors import JobNotFound
+from jobtrace.store import job_dir, orphan_segments, segment_lines, spool_root
 
-from ._local import job_dir
-from ._registry import ProcessInfo, open_shipper
+from ._process import ProcessInfo
+from ._registry import open_shipper
 from ._sender import SpoolingSender
 
 __all__ = ["ExportSummary", "export_job"]
 
 _CHUNK = 4 << 20
-_JSON_COLUMNS = ("attrs", "metrics")
 
 
 @dataclass
@@ -74,8 +74,6 @@ class ExportSummary:
 
 def _sources(directory: Path) -> list[tuple[Path, bool]]:
     """(path, is_segment): every JSON-lines file, plus the segment of each file that was pruned."""
-    from queries._segments import orphan_segments
-
     lines = sorted(directory.glob("*.jsonl"))
     orphans = orphan_segments(directory, {p.name for p in lines})
     return [(p, False) for p in lines] + [(p, True) for p in sorted(orphans.values())]
@@ -106,29 +104,6 @@ def _file_lines(path: Path, summary: ExportSummary) -> Generator[list[bytes], No
         summary.torn += 1
 
 
-def _segment_lines(path: Path, batch: int = 20_000) -> Generator[list[bytes], None, None]:
-    """Canonical lines rebuilt from a segment's typed columns (NULL columns are absent keys)."""
-    import duckdb
-
-    from jobtrace.events import encode_lines
-
-    con = duckdb.connect()
-    try:
-        cur = con.execute("SELECT * FROM read_parquet(?)", [str(path)])
-        names = [d[0] for d in cur.description]
-        while rows := cur.fetchmany(batch):
-            dicts = []
-            for row in rows:
-                d = {k: v for k, v in zip(names, row) if v is not None}
-                for k in _JSON_COLUMNS:
-                    if isinstance(d.get(k), str):
-                        d[k] = orjson.loads(d[k])
-                dicts.append(d)
-            yield encode_lines(dicts)
-    finally:
-        con.close()
-
-
 def _room(shipper: SpoolingSender, max_spool_bytes: int, deadline: float) -> bool:
     """Wait until the spool holds at most ``max_spool_bytes`` unsent; False when the deadline came first."""
     while shipper.spool.pending_bytes() > max_spool_bytes:
@@ -153,12 +128,12 @@ def export_job(data_dir: str | os.PathLike[str], job_id: str, backend: str, *, u
         raise JobNotFound(f"no job {job_id!r} in the embedded store at {data_dir}")
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    info = ProcessInfo(job_id, "export", 0, os.getpid(), directory / ".spool" / f"export-{os.getpid()}")
+    info = ProcessInfo(job_id, "export", 0, os.getpid(), spool_root(data_dir, job_id) / f"export-{os.getpid()}")
     shipper = open_shipper(backend, info, url)
     summary = ExportSummary(job_id, backend, spool=str(shipper.spool.dir), dead_letter=str(shipper.dead_letter.path))
     try:
         for i, (path, is_segment) in enumerate(sources):
-            batches = _segment_lines(path) if is_segment else _file_lines(path, summary)
+            batches = segment_lines(path) if is_segment else _file_lines(path, summary)
             done = _room(shipper, max_spool_bytes, deadline)
             while done and (lines := next(batches, None)) is not None:
                 shipper.write(lines)

@@ -11,33 +11,19 @@ Why this shape:
   that does not end in a newline and count it (see :mod:`queries`).
 * ``fsync`` is not called per batch (that would cost milliseconds on shared file
   systems); it is called on flush at shutdown so a clean exit is durable.
-* On a clean close the file also gets its columnar segment (:mod:`queries._segments`),
+* On a clean close the file also gets its columnar segment (:func:`jobtrace.store.compact`),
   so reading a finished job does not have to parse every rank's JSON again.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from pathlib import Path
 from typing import Sequence
 
 from jobtrace.errors import StoreError
+from jobtrace.store import compact, job_dir, process_file_name
 
-__all__ = ["LocalStoreSink", "job_dir", "DEFAULT_DATA_DIR"]
-
-DEFAULT_DATA_DIR = "jobtrace-data"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
-
-
-def _safe(part: str) -> str:
-    """A path component that cannot escape the data directory."""
-    cleaned = _UNSAFE.sub("_", part).lstrip(".")
-    return cleaned or "_"
-
-
-def job_dir(data_dir: str | os.PathLike[str], job_id: str) -> Path:
-    return Path(data_dir) / _safe(job_id)
+__all__ = ["LocalStoreSink"]
 
 
 class LocalStoreSink:
@@ -48,7 +34,7 @@ class LocalStoreSink:
         # JOBTRACE_COMPACT=0 keeps a job's directory to JSON lines only (e.g. a tool that reads them itself).
         self.compact = os.environ.get("JOBTRACE_COMPACT", "1") != "0" if compact is None else compact
         self.dir = job_dir(data_dir, job_id)
-        self.path = self.dir / f"{_safe(node)}.r{rank}.p{pid}.jsonl"
+        self.path = self.dir / process_file_name(node, rank, pid)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -75,7 +61,4 @@ class LocalStoreSink:
             os.close(self._fd)
             self._fd = -1
             if self.compact:
-                # Imported only now: the query engine (DuckDB) is not worth its import time at training startup.
-                from queries._segments import compact
-
-                compact(self.path)
+                compact(self.path)  # imports DuckDB only now: not worth its import time at training startup

@@ -55,70 +55,18 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import orjson
 
 from jobtrace.errors import ConfigError
+from jobtrace.http import HttpConfig, Request, RequestsTransport, Response, RetryPolicy, Transport
+from jobtrace.redact import url_for_display
+from loki import LABEL_KEYS, METADATA_KEYS, is_label_name, label_string
 
-from ._registry import ProcessInfo
+from ._process import ProcessInfo
 from ._sender import Outcome, SpoolingSender
-from ._transport import (
-    HttpConfig,
-    Request,
-    RequestsTransport,
-    Response,
-    RetryPolicy,
-    Transport,
-)
 
-__all__ = [
-    "LABEL_KEYS",
-    "METADATA_KEYS",
-    "LokiEncoder",
-    "LokiOptions",
-    "LokiShipper",
-    "label_string",
-    "logql_quote",
-    "push_url",
-]
+__all__ = ["LokiEncoder", "LokiOptions", "LokiShipper", "push_url"]
 
 _log = logging.getLogger("jobtrace.export")
 
-LABEL_KEYS: Final = ("job", "node", "kind", "level")
-"""Event keys sent as stream labels: bounded by jobs x nodes x 4 kinds x 5 levels."""
-
-METADATA_KEYS: Final = ("rank", "trace_id", "span_id", "step")
-"""Event keys sent as structured metadata (Loki 3.x): high cardinality, never labels."""
-
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NS: Final = 1_000_000_000
-
-
-def logql_quote(value: str) -> str:
-    """``value`` as a double-quoted LogQL / Prometheus label string (Go escaping rules).
-
-    Every character that could end the string or the selector (``"``, ``\\``, newlines
-    and other control characters) is escaped, so user input cannot change a query.
-    """
-    out = ['"']
-    for ch in value:
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
-def label_string(labels: Mapping[str, str]) -> str:
-    """The Prometheus text form Loki's protobuf push expects: ``{a="x", b="y"}``, names sorted."""
-    return "{" + ", ".join(f"{k}={logql_quote(v)}" for k, v in sorted(labels.items())) + "}"
 
 
 def push_url(url: str) -> str:
@@ -168,7 +116,7 @@ def _parse_labels(raw: str, var: str) -> dict[str, str]:
     for item in filter(None, (p.strip() for p in raw.split(","))):
         name, sep, value = item.partition("=")
         name = name.strip()
-        if not sep or not _LABEL_NAME.match(name):
+        if not sep or not is_label_name(name):
             raise ConfigError(f"{var}: {item!r} is not name=value with a Prometheus label name")
         if name in LABEL_KEYS or name in METADATA_KEYS:
             raise ConfigError(f"{var}: label {name!r} is set by jobtrace itself")
@@ -203,7 +151,7 @@ class LokiOptions:
         if self.format not in ("protobuf", "json"):
             raise ConfigError(f"Loki format {self.format!r}: use protobuf or json")
         for name in self.static_labels:
-            if not _LABEL_NAME.match(name):
+            if not is_label_name(name):
                 raise ConfigError(f"Loki label name {name!r} is not a valid Prometheus label name")
 
     @classmethod
@@ -576,7 +524,7 @@ class LokiEncoder:
                 self._warned.add(status)
                 _log.warning("jobtrace: loki: HTTP %d from %s: %s; check the URL, tenant and credentials "
                              "(JOBTRACE_LOKI_*). Lines stay spooled and are retried.",
-                             status, _safe_url(self.url), reason[:200])
+                             status, url_for_display(self.url), reason[:200])
             return Outcome(retry=sent + withheld, rejected=list(local), status=status)
         if status == 400 and self.structured_metadata and _SM_DISALLOWED.search(reason):
             self.structured_metadata = False
@@ -601,13 +549,6 @@ class LokiEncoder:
 def _reason(response: Response) -> str:
     text = response.body[:2000].decode("utf-8", "replace").strip()
     return " ".join(text.split()) or f"HTTP {response.status}"
-
-
-def _safe_url(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 # ---- the shipper ---------------------------------------------------------------------------------

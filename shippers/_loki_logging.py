@@ -43,7 +43,7 @@ from ._loki import (
     LokiShipper,
     push_url,
 )
-from ._transport import HttpConfig, RequestsTransport
+from jobtrace.http import HttpConfig, RequestsTransport
 
 __all__ = ["LokiHandler"]
 
@@ -76,7 +76,7 @@ class LokiHandler(logging.Handler):
                  version: str | None = None, *, spool_dir: str | os.PathLike[str] | None = None,
                  level: int = logging.NOTSET, options: LokiOptions | None = None, **sender_options: Any) -> None:
         super().__init__(level)
-        from otel_instrumentation._identity import trace_id_for_job
+        from jobtrace.identity import trace_id_for_job
 
         tags = dict(tags or {})
         self.job = str(tags.pop("job", None) or os.environ.get("JOBTRACE_JOB_ID") or "python")

@@ -11,32 +11,16 @@ previous life could not send.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 
 from jobtrace.errors import ConfigError
 
 from ._batch import Sink
+from ._process import ProcessInfo
 from ._sender import SpoolingSender
 
-__all__ = ["NETWORK_BACKENDS", "ProcessInfo", "network_sinks_from_env", "open_shipper"]
+__all__ = ["NETWORK_BACKENDS", "local_store_enabled", "network_sinks_from_env", "open_shipper"]
 
 NETWORK_BACKENDS = ("loki", "elasticsearch")
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """What a shipper needs to know about the process it ships for (labels, spool location)."""
-
-    job_id: str
-    node: str
-    rank: int
-    pid: int
-    spool_root: Path
-    spool_override: Path | None = None  # replaying one given spool directory
-
-    def spool_dir(self, backend: str) -> Path:
-        return self.spool_override or self.spool_root / f"{backend}-r{self.rank}"
 
 
 def open_shipper(backend: str, info: ProcessInfo, url: str | None = None) -> SpoolingSender:

@@ -28,7 +28,7 @@ from typing import Protocol, Sequence
 from jobtrace.errors import BackendUnavailable
 
 from ._spool import DeadLetter, Spool
-from ._transport import Request, Response, RetryPolicy, Transport
+from jobtrace.http import Request, Response, RetryPolicy, Transport
 
 __all__ = ["Encoder", "Outcome", "SenderStats", "SpoolingSender"]
 

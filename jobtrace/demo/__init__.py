@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shippers._local import job_dir
+from jobtrace.store import job_dir
 
 __all__ = ["DemoConfig", "run_job"]
 

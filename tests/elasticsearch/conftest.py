@@ -76,7 +76,7 @@ def ship(url: str, lines: list[bytes], spool_dir: Path, *, timeout_s: float = 60
          **kw: Any) -> Any:
     """Ship ``lines`` with an in-process ElasticsearchShipper, wait until all are accepted, close it."""
     from shippers._elasticsearch import ElasticsearchShipper
-    from shippers._transport import HttpConfig
+    from jobtrace.http import HttpConfig
 
     shipper = ElasticsearchShipper(HttpConfig(url, timeout_s=request_timeout_s), spool_dir, **kw)
     shipper.write(lines)

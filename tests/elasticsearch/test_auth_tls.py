@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from shippers._elasticsearch import ElasticsearchShipper
-from shippers._transport import HttpConfig
+from jobtrace.http import HttpConfig
 from tests.servers.base import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shippers._es_document import (
+from kibana._document import (
     data_stream_name,
     doc_id,
     from_document,

@@ -14,7 +14,7 @@ import pytest
 
 from shippers import InMemoryTransport, Response, RetryPolicy, SpoolingSender
 from shippers._elasticsearch import ElasticsearchShipper, EsBulkEncoder
-from shippers._transport import HttpConfig
+from jobtrace.http import HttpConfig
 
 FAST = RetryPolicy(initial_s=0.01, max_s=0.05)
 

@@ -12,8 +12,8 @@ import pytest
 
 from queries import analyze, load_local
 from queries._elasticsearch import load_elasticsearch
-from shippers._es_setup import Retention, run_setup
-from shippers._transport import HttpConfig
+from kibana._setup import Retention, run_setup
+from jobtrace.http import HttpConfig
 from tests.elasticsearch.conftest import (
     all_time,
     report_without_source,

@@ -10,10 +10,10 @@ import pytest
 import requests
 
 from shippers import RetryPolicy
-from shippers._es_document import from_document
-from shippers._es_setup import run_setup
-from shippers._local import job_dir
-from shippers._transport import HttpConfig
+from kibana._document import from_document
+from kibana._setup import run_setup
+from jobtrace.store import job_dir
+from jobtrace.http import HttpConfig
 from tests.elasticsearch.conftest import (
     as_multiset,
     canonical,

@@ -23,9 +23,9 @@ import requests
 import kibana
 from jobtrace.errors import ConfigError
 from kibana import _build
-from shippers._es_document import doc_id
-from shippers._es_setup import import_saved_objects, run_setup
-from shippers._transport import HttpConfig
+from kibana._document import doc_id
+from kibana._setup import import_saved_objects, run_setup
+from jobtrace.http import HttpConfig
 from tests.elasticsearch.conftest import refresh, ship, synth_lines
 from tests.servers.base import free_port
 

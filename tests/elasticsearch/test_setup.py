@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from jobtrace.cli import main
 from jobtrace.errors import BackendUnavailable, ConfigError
-from shippers._es_setup import (
+from kibana._setup import (
     Cluster,
     Retention,
     detect_cluster,
@@ -32,7 +32,7 @@ from shippers._es_setup import (
     run_setup,
     transport_caller,
 )
-from shippers._transport import HttpConfig, RequestsTransport
+from jobtrace.http import HttpConfig, RequestsTransport
 from tests.elasticsearch.es_shim import validate_ilm
 
 TYPES = ("logs", "metrics", "traces")

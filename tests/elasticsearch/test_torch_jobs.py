@@ -17,8 +17,8 @@ import requests
 from queries import analyze, load_local
 from queries._analysis import AnalysisConfig
 from queries._elasticsearch import load_elasticsearch
-from shippers._es_document import from_document
-from shippers._local import job_dir
+from kibana._document import from_document
+from jobtrace.store import job_dir
 from tests.elasticsearch.conftest import (
     all_time,
     as_multiset,

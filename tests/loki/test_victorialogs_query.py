@@ -18,7 +18,7 @@ from queries._victorialogs import (
 )
 from shippers import RequestsTransport
 from shippers._loki import LokiEncoder, LokiOptions, push_url
-from shippers._transport import HttpConfig
+from jobtrace.http import HttpConfig
 
 pytestmark = pytest.mark.servers
 

@@ -7,7 +7,7 @@ import socket
 import orjson
 import pytest
 
-from otel_instrumentation._identity import resolve_identity
+from jobtrace.identity import resolve_identity
 from otel_instrumentation._recorder import Recorder
 
 torch = pytest.importorskip("torch", reason="the collectives are torch.distributed's")

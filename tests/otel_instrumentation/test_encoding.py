@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from jobtrace.events import decode, encode_lines
-from otel_instrumentation._identity import resolve_identity
+from jobtrace.identity import resolve_identity
 from otel_instrumentation._recorder import _COLLECTIVE, _LOG, _METRIC, _SPAN, Recorder
 
 

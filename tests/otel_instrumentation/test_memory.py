@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from otel_instrumentation._identity import resolve_identity
+from jobtrace.identity import resolve_identity
 from otel_instrumentation._recorder import _METRIC, Recorder
 from otel_instrumentation._torch import memory_hook
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_instrumentation._identity import resolve_identity
+from jobtrace.identity import resolve_identity
 from otel_instrumentation._recorder import _LOG, _METRIC, _SPAN, Recorder
 from otel_instrumentation._setup import make_recorder
 

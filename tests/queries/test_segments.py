@@ -9,8 +9,8 @@ import pytest
 
 from jobtrace.synth import SynthJob, write_job
 from queries import analyze, load_local
-from queries._segments import SEGMENT_RE, compact, refresh_rollup, rollup_paths, segment_for
-from shippers._local import LocalStoreSink
+from jobtrace.store import SEGMENT_RE, compact, refresh_rollup, rollup_paths, segment_for
+from shippers import LocalStoreSink
 
 
 def _summaries(job):

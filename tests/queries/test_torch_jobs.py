@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="torch is part of the test dependencies (job
 
 from jobtrace.demo import DemoConfig, run_job  # noqa: E402
 from queries import AnalysisConfig, analyze, load_local  # noqa: E402
-from queries._segments import segment_for  # noqa: E402
+from jobtrace.store import segment_for  # noqa: E402
 from tests.conftest import read_events  # noqa: E402
 
 pytestmark = pytest.mark.torchjob

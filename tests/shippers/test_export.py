@@ -19,7 +19,8 @@ from jobtrace.cli import main
 from jobtrace.synth import SynthJob, write_job
 from queries import AnalysisConfig, analyze, load_local
 from queries._backends import TimeRange, load_job
-from shippers._export import _segment_lines, _sources
+from jobtrace.store import segment_lines as _segment_lines
+from shippers._export import _sources
 from tests.servers.base import free_port
 
 

@@ -80,7 +80,7 @@ def test_step_and_phase_spans_arrive_as_otlp_with_the_job_trace_and_resource(tmp
 def test_rank_0_closes_the_job_root_span_once_even_with_a_forked_child(tmp_path):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from otel_instrumentation._identity import job_root_span_id
+    from jobtrace.identity import job_root_span_id
 
     bodies = run_child(tmp_path, """
         import os

@@ -1,4 +1,4 @@
-"""HTTP transport and retry policy shared by every network shipper.
+"""HTTP transport and retry policy shared by every network shipper and backend reader.
 
 The transport is the test seam (as in httpx): shippers call ``send(Request)`` and
 get a ``Response`` or a :class:`BackendUnavailable`; nothing above this module sees
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Callable, Mapping, Protocol, Sequence
 
-from jobtrace.errors import BackendUnavailable, ConfigError
+from .errors import BackendUnavailable, ConfigError
+from .redact import redact_url
 
 __all__ = [
     "HttpConfig",
@@ -28,6 +29,7 @@ __all__ = [
     "Response",
     "RetryPolicy",
     "Transport",
+    "url_without_suffix",
 ]
 
 
@@ -157,7 +159,7 @@ class RequestsTransport:
                                       headers=dict(request.headers), timeout=timeout_s)
         except self._requests.RequestException as exc:
             # The exception text can contain the URL but never our headers; keep only its class and reason.
-            raise BackendUnavailable(f"{request.method} {_strip_userinfo(request.url)}: {type(exc).__name__}") from None
+            raise BackendUnavailable(f"{request.method} {redact_url(request.url)}: {type(exc).__name__}") from None
         return Response(r.status_code, r.content, dict(r.headers))
 
     def close(self) -> None:
@@ -179,27 +181,6 @@ def url_without_suffix(url: str, suffixes: Sequence[str]) -> tuple[str, str]:
             path = path[: -len(suffix)]
             break
     return urlunsplit(parts._replace(path="", query="", fragment="")), path
-
-
-def url_for_display(url: str) -> str:
-    """A URL fit for messages and reports: no credentials, no query string."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _strip_userinfo(url: str) -> str:
-    """The URL as it may appear in an error: credentials in it are masked."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 class InMemoryTransport:

@@ -26,7 +26,7 @@ Two callers, one algorithm (:func:`install`), driven through a :data:`Caller`:
   there are a warning, not an error: shipping goes on.
 
 Why the official clients here and raw HTTP in the shipper: the shipper sends through
-the shared :class:`~shippers.Transport` so that the disk spool, retries and
+the shared :class:`~jobtrace.http.Transport` so that the disk spool, retries and
 dead-letter logic exist once for every backend, and a training process does not
 import a search client. Setup and queries run in a CLI, where the clients bring their
 connection handling (auth, TLS, pooling, retries on dead connections). They are used
@@ -52,16 +52,12 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
-from jobtrace.errors import BackendUnavailable, ConfigError, JobtraceError
+from jobtrace.errors import BackendUnavailable, ConfigError
+from jobtrace.http import HttpConfig, Request, RequestsTransport, Transport
+from jobtrace.redact import redact_url
 
-from ._es_document import STREAM_TYPES
-from ._transport import (
-    HttpConfig,
-    Request,
-    RequestsTransport,
-    Transport,
-    _strip_userinfo,
-)
+from ._assets import load_template, saved_objects
+from ._document import STREAM_TYPES
 
 __all__ = [
     "TEMPLATE_VERSION",
@@ -71,6 +67,10 @@ __all__ = [
     "SetupReport",
     "client_caller",
     "detect_cluster",
+    "check",
+    "error_reason",
+    "is_victorialogs",
+    "parse_days",
     "import_saved_objects",
     "install",
     "make_client",
@@ -125,13 +125,13 @@ def _version_tuple(v: str) -> tuple[int, int, int]:
     return nums[0], nums[1], nums[2]
 
 
-def _is_victorialogs(url: str) -> bool:
+def is_victorialogs(url: str) -> bool:
     return urlsplit(url).path.rstrip("/").endswith("/insert/elasticsearch")
 
 
 def parse_root(status: int, headers: Mapping[str, str], body: Any, url: str) -> Cluster:
     """The cluster from a ``GET /`` answer; raises :class:`ConfigError` for what jobtrace cannot use."""
-    where = _strip_userinfo(url)
+    where = redact_url(url)
     product = next((v for k, v in headers.items() if k.lower() == "x-elastic-product"), "")
     if status == 401:
         raise ConfigError(f"authentication failed at {where} (HTTP 401): check JOBTRACE_ES_USERNAME and "
@@ -165,7 +165,7 @@ def detect_cluster(transport: Transport, url: str, timeout_s: float = 10.0, flav
     """``GET /`` through ``transport``; ``flavour`` (or ``JOBTRACE_ES_FLAVOR``) skips the request."""
     if flavour in ("elasticsearch", "opensearch", "victorialogs"):
         return Cluster(flavour, "")
-    if _is_victorialogs(url):
+    if is_victorialogs(url):
         return Cluster("victorialogs", "")
     response = transport.send(Request("GET", url.rstrip("/") + "/", b"", {"Accept": "application/json"}), timeout_s)
     return parse_root(response.status, response.headers, _parse(response.body), url)
@@ -377,8 +377,6 @@ def _spec(body: Any) -> str:
 
 def ilm_policy(type_: str, retention: Retention) -> dict[str, Any]:
     """The ILM body for ``PUT _ilm/policy/jobtrace-<type>``."""
-    from kibana import load_template
-
     body: dict[str, Any] = load_template("ilm-policy")
     days = retention.days(type_)
     phases = body["policy"]["phases"]
@@ -392,8 +390,6 @@ def ilm_policy(type_: str, retention: Retention) -> dict[str, Any]:
 
 def ism_policy(type_: str, retention: Retention) -> dict[str, Any]:
     """The ISM body for ``PUT _plugins/_ism/policies/jobtrace-<type>``."""
-    from kibana import load_template
-
     body: dict[str, Any] = load_template("ism-policy")
     days = retention.days(type_)
     policy = body["policy"]
@@ -408,8 +404,6 @@ def ism_policy(type_: str, retention: Retention) -> dict[str, Any]:
 
 
 def component_templates(replicas: int | None = None) -> dict[str, dict[str, Any]]:
-    from kibana import load_template
-
     out = {name: load_template(name) for name in ("jobtrace-mappings", "jobtrace-settings")}
     if replicas is not None:
         out["jobtrace-settings"]["template"]["settings"]["index"]["number_of_replicas"] = replicas
@@ -419,8 +413,6 @@ def component_templates(replicas: int | None = None) -> dict[str, dict[str, Any]
 
 
 def index_template(type_: str, cluster: Cluster, retention: Retention) -> dict[str, Any]:
-    from kibana import load_template
-
     body: dict[str, Any] = load_template(f"index-template-{type_}")
     body["version"] = TEMPLATE_VERSION
     settings = body.setdefault("template", {}).setdefault("settings", {})
@@ -632,12 +624,10 @@ def import_saved_objects(config: HttpConfig, *, hint: str | None = None, space: 
     """Import the packaged saved objects; returns ``(flavour, summary)``. Idempotent (fixed ids, overwrite)."""
     from urllib3 import encode_multipart_formdata
 
-    import kibana
-
     own = transport is None
     tr = transport or RequestsTransport(config)
     base = config.url.rstrip("/")
-    where = _strip_userinfo(base)
+    where = redact_url(base)
     try:
         deadline = time.monotonic() + wait_s
         while True:
@@ -660,7 +650,7 @@ def import_saved_objects(config: HttpConfig, *, hint: str | None = None, space: 
         if flavour == "kibana" and version and _version_tuple(version) < (8, 9, 0):
             raise ConfigError(f"Kibana {version} at {where} is too old: the jobtrace saved objects need Kibana 8.9 "
                               "or newer (they would be refused as 'from a more recent version')")
-        data = kibana.saved_objects(flavour)
+        data = saved_objects(flavour)
         payload, content_type = encode_multipart_formdata({"file": ("jobtrace.ndjson", data, "application/ndjson")})
         xsrf = "osd-xsrf" if flavour == "opensearch-dashboards" else "kbn-xsrf"
         prefix = f"/s/{space}" if space else ""
@@ -710,75 +700,3 @@ def run_setup(config: HttpConfig, *, retention: Retention | None = None, replica
         hint = "opensearch-dashboards" if cluster.flavour == "opensearch" else "kibana"
         _, report.saved_objects = import_saved_objects(kibana, hint=hint, space=kibana_space, wait_s=wait_s)
     return report
-
-
-def setup_command_factory() -> Any:
-    """The ``jobtrace setup`` click command (built lazily so importing this module stays cheap)."""
-    import click
-
-    @click.command(name="setup", context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option("--url", envvar="JOBTRACE_ES_URL", required=True,
-                  help="Elasticsearch/OpenSearch URL (credentials: JOBTRACE_ES_USERNAME/_PASSWORD, _API_KEY, _TOKEN, "
-                       "_CA_FILE; see the README).")
-    @click.option("--kibana-url", envvar="JOBTRACE_KIBANA_URL", default=None,
-                  help="Kibana or OpenSearch Dashboards URL: also import the saved objects "
-                       "(credentials: JOBTRACE_KIBANA_*, default the JOBTRACE_ES_* ones).")
-    @click.option("--kibana-space", default=None, help="Kibana space to import into (default space if not given).")
-    @click.option("--logs-retention", default="7d", show_default=True, envvar="JOBTRACE_ES_LOGS_RETENTION",
-                  help="How long to keep log records and heartbeats (7d, 2w, 1y).")
-    @click.option("--metrics-retention", default="365d", show_default=True, envvar="JOBTRACE_ES_METRICS_RETENTION",
-                  help="How long to keep metric points and per-step step spans.")
-    @click.option("--traces-retention", default=None, envvar="JOBTRACE_ES_TRACES_RETENTION",
-                  help="How long to keep phase/collective spans (default: as logs).")
-    @click.option("--replicas", type=click.IntRange(0), default=None,
-                  help="index.number_of_replicas for jobtrace data (default: the cluster's).")
-    @click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
-                  help="Seconds to wait for the servers to come up (for compose stacks).")
-    @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-    def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_retention: str,
-              metrics_retention: str, traces_retention: str | None, replicas: int | None, wait_s: float,
-              as_json: bool) -> None:
-        """Install jobtrace's index templates, retention policies and Kibana saved objects (idempotent).
-
-        Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 3 error.
-        """
-        import os
-        import sys
-        from dataclasses import asdict
-
-        from rich.console import Console
-
-        err = Console(stderr=True)
-        try:
-            retention = Retention(parse_days(logs_retention), parse_days(metrics_retention),
-                                  parse_days(traces_retention) if traces_retention else None)
-            config = HttpConfig.from_env("JOBTRACE_ES", url=url)
-            kb = None
-            if kibana_url:
-                prefix = "JOBTRACE_KIBANA" if any(
-                    os.environ.get(f"JOBTRACE_KIBANA_{k}") for k in
-                    ("USERNAME", "PASSWORD", "PASSWORD_FILE", "TOKEN", "TOKEN_FILE", "API_KEY", "API_KEY_FILE")
-                ) else "JOBTRACE_ES"
-                kb = HttpConfig.from_env(prefix, url=kibana_url)
-            report = run_setup(config, retention=retention, replicas=replicas, kibana=kb, kibana_space=kibana_space,
-                               wait_s=wait_s, flavour=os.environ.get("JOBTRACE_ES_FLAVOR"))
-        except JobtraceError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False)
-            sys.exit(3)
-        if as_json:
-            click.echo(orjson.dumps(asdict(report) | {"ok": report.ok}, option=orjson.OPT_INDENT_2).decode())
-        else:
-            out = Console()
-            out.print(f"[bold]{report.cluster}[/] at {_strip_userinfo(config.url)}", highlight=False)
-            for item in report.installed:
-                out.print(f"  installed  {item}", highlight=False)
-            for item in report.unchanged:
-                out.print(f"  unchanged  {item}", highlight=False)
-            out.print(f"  retention  {report.retention}", highlight=False)
-            if report.saved_objects:
-                out.print(f"  saved objects  {report.saved_objects}", highlight=False)
-            for w in report.warnings:
-                out.print(f"[yellow]warning:[/] {w}", highlight=False)
-        sys.exit(0 if report.ok else 1)
-
-    return setup

@@ -28,24 +28,26 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Generator, Mapping
+
+import orjson
 
 from jobtrace.events import COLUMNS
 
+from ._layout import SEGMENT_RE
 from ._sql import literal, literal_list
 from ._tables import DERIVED, ROLLUP_KEY, build_tables
+
+_JSON_COLUMNS = ("attrs", "metrics")
+"""Columns a segment keeps as JSON text, turned back into objects when lines are rebuilt."""
 
 _MEMORY_LIMIT = "256MB"
 """DuckDB's memory while it writes a segment: an exiting rank or an ingest stays this small, spilling past it."""
 
 __all__ = ["compact", "count_lines", "json_scan_sql", "orphan_segments", "refresh_rollup", "rollup_paths", "segment_for",
-           "SEGMENT_RE"]
-
-SEGMENT_RE = re.compile(r"^(?P<source>.+\.jsonl)\.(?P<bytes>\d+)-(?P<mtime>\d+)\.parquet$")
-"""A segment's file name: the JSON-lines file it was made from, and that file's length and mtime then."""
+           "segment_lines"]
 
 
 def json_scan_sql(files: str = "?") -> str:
@@ -185,3 +187,30 @@ def refresh_rollup(segment: str | os.PathLike[str]) -> bool:
         return True
     except Exception:  # noqa: BLE001 - the reader derives what is missing
         return False
+
+
+def segment_lines(path: str | os.PathLike[str], batch: int = 20_000) -> Generator[list[bytes], None, None]:
+    """Canonical lines rebuilt from a segment's typed columns (NULL columns are absent keys), in batches.
+
+    Every canonical key has its own typed column, so a rank whose JSON lines were pruned
+    (short raw retention) can still be sent or read as lines.
+    """
+    import duckdb
+
+    from jobtrace.events import encode_lines
+
+    con = duckdb.connect()
+    try:
+        cur = con.execute("SELECT * FROM read_parquet(?)", [str(path)])
+        names = [d[0] for d in cur.description]
+        while rows := cur.fetchmany(batch):
+            dicts = []
+            for row in rows:
+                d = {k: v for k, v in zip(names, row) if v is not None}
+                for k in _JSON_COLUMNS:
+                    if isinstance(d.get(k), str):
+                        d[k] = orjson.loads(d[k])
+                dicts.append(d)
+            yield encode_lines(dicts)
+    finally:
+        con.close()

@@ -1,0 +1,73 @@
+"""The store layer: how a job's events lie on disk, for the side that writes and the side that reads.
+
+Below both the shippers (``shippers.LocalStoreSink`` writes a rank's lines and, at exit,
+its segment) and the queries (``queries.load_local`` reads them), so that neither has to
+know the other:
+
+* :mod:`._layout`: the job directory, file names, cache, spool and golden directories;
+* :mod:`._segments`: a rank's Parquet segment and rollup, written at exit, and lines
+  rebuilt from a segment;
+* :mod:`._tables`: the derived tables' SQL (``colls``, ``steps``, ``mets``, ``ranks``)
+  that rollups hold and every reader builds;
+* :mod:`._files`: which files stand for which rank;
+* :mod:`._sql`: SQL literals for the statements DuckDB takes no parameters in.
+
+DuckDB is imported only when a segment is written or read, never at import.
+"""
+
+from __future__ import annotations
+
+from ._files import JobFiles, job_files
+from ._layout import (
+    DEFAULT_DATA_DIR,
+    RANK_IN_NAME,
+    SEGMENT_RE,
+    cache_dir,
+    golden_dir,
+    job_dir,
+    list_jobs,
+    process_file_name,
+    safe_name,
+    spool_root,
+)
+from ._segments import (
+    compact,
+    count_lines,
+    json_scan_sql,
+    orphan_segments,
+    refresh_rollup,
+    rollup_paths,
+    segment_for,
+    segment_lines,
+)
+from ._sql import literal, literal_list
+from ._tables import DERIVED, METRICS, ROLLUP_KEY, build_tables
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DERIVED",
+    "METRICS",
+    "RANK_IN_NAME",
+    "ROLLUP_KEY",
+    "SEGMENT_RE",
+    "JobFiles",
+    "build_tables",
+    "cache_dir",
+    "compact",
+    "count_lines",
+    "golden_dir",
+    "job_dir",
+    "job_files",
+    "json_scan_sql",
+    "list_jobs",
+    "literal",
+    "literal_list",
+    "orphan_segments",
+    "process_file_name",
+    "refresh_rollup",
+    "rollup_paths",
+    "safe_name",
+    "segment_for",
+    "segment_lines",
+    "spool_root",
+]

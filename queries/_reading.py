@@ -1,0 +1,124 @@
+"""What every log-server reader shares: time ranges, query windows and one retrying read.
+
+The readers (:mod:`._loki`, :mod:`._victorialogs`, :mod:`._elasticsearch`) use these;
+:mod:`._backends` chooses among the readers, so neither imports the other's module.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from jobtrace.errors import BackendUnavailable, ConfigError, QueryError
+from jobtrace.redact import url_for_display
+
+if TYPE_CHECKING:
+    from jobtrace.http import Request, Response, Transport
+
+__all__ = ["TimeRange", "busy_windows", "even_windows", "parse_time", "read_request"]
+
+_REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(value: str | None, now_ns: int) -> int | None:
+    """``None``, a relative age (``90m``, ``7d``), RFC 3339, or epoch seconds/ns → Unix ns."""
+    if value is None or value == "":
+        return None
+    if value == "now":
+        return now_ns
+    m = _REL.match(value)
+    if m:
+        return now_ns - int(float(m.group(1)) * _UNIT[m.group(2)] * 1e9)
+    if value.isdigit():
+        n = int(value)
+        return n if n > 10**15 else n * 10**9
+    from datetime import datetime
+
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"cannot read time {value!r}: use 90m, 7d, RFC 3339 or epoch seconds") from None
+    return int(dt.timestamp() * 1e9)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    start_ns: int
+    end_ns: int
+
+    @classmethod
+    def parse(cls, since: str | None, until: str | None) -> TimeRange:
+        now = time.time_ns()
+        start = parse_time(since, now) or now - 7 * 86400 * 10**9
+        end = parse_time(until, now) or now
+        if start >= end:
+            raise ConfigError("--since must be before --until")
+        return cls(start, end)
+
+
+def even_windows(start_ns: int, end_ns: int, pieces: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into ``pieces`` equal, non-empty windows."""
+    size = max(1, (end_ns - start_ns) // pieces)
+    edges = [start_ns + i * size for i in range(pieces)] + [end_ns]
+    return [(edges[i], edges[i + 1]) for i in range(pieces) if edges[i] < edges[i + 1]]
+
+
+def busy_windows(intervals: Iterable[tuple[int, int, int]], window_lines: int) -> list[tuple[int, int]]:
+    """Query windows for a server with a per-query line limit, from a histogram of the job.
+
+    ``intervals`` are time-ordered ``(start, end, lines)`` from the server's counts; touching
+    ones merge, empty stretches are skipped, and each busy span is cut into windows of about
+    ``window_lines`` lines (never under 1 ms), like logcli's batch mode but sized by data.
+    """
+    spans: list[list[int]] = []
+    for a, b, n in intervals:
+        if a >= b:
+            continue
+        if spans and a <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], b)
+            spans[-1][2] += n
+        else:
+            spans.append([a, b, n])
+    out: list[tuple[int, int]] = []
+    for a, b, n in spans:
+        out += even_windows(a, b, max(1, min(math.ceil(n / window_lines), (b - a) // 1_000_000)))
+    return out
+
+
+def read_request(transport: Transport, request: Request, *, timeout_s: float, retries: int, backend: str,
+                 base: str, credentials_hint: str, on_attempt: Callable[[], None] = lambda: None) -> Response:
+    """Send one read to a log server, retrying an unreachable server and 429/5xx with backoff.
+
+    Returns the 200 answer; any other outcome is a :class:`QueryError` that names the
+    server (without credentials) and, for 401/403, where the credentials come from.
+    """
+    from jobtrace.http import RetryPolicy
+
+    policy = RetryPolicy(initial_s=0.5, max_s=8.0)
+    where = url_for_display(base)
+    for attempt in range(retries + 1):
+        on_attempt()
+        try:
+            response = transport.send(request, timeout_s)
+        except BackendUnavailable as exc:
+            if attempt == retries:
+                raise QueryError(f"cannot reach {backend} at {where}: {exc}") from None
+            time.sleep(policy.delay(attempt))
+            continue
+        if response.status == 200:
+            return response
+        if policy.retryable(response.status) and attempt < retries:
+            time.sleep(policy.delay(attempt, response.header("Retry-After")))
+            continue
+        if response.status in (401, 403):
+            raise QueryError(f"{backend} at {where} refused the credentials (HTTP {response.status}): "
+                             f"check {credentials_hint}")
+        text = " ".join(response.body[:1000].decode("utf-8", "replace").split())
+        raise QueryError(f"{backend} query failed with HTTP {response.status}: {text}")
+    raise QueryError("unreachable")  # pragma: no cover
+
+
