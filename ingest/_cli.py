@@ -15,6 +15,7 @@ import click
 import orjson
 from rich.console import Console
 
+from jobtrace import config
 from jobtrace.errors import JobtraceError
 
 from ._allocator import keep_freed_memory
@@ -88,7 +89,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
               help="Where the events go.")
 @click.option("--url", default=None,
               help="Server URL for --to loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
-@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
               help="Embedded store directory (--to local; the spool for servers lives there too).")
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")
 @click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many seconds without new lines.")

@@ -17,6 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from jobtrace import config
 from jobtrace.errors import JobNotFound, JobtraceError
 
 EXIT_HEALTHY, EXIT_PROBLEM, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
@@ -42,10 +43,10 @@ def _view_options(f: Any) -> Any:
         ("--golden-dir", dict(default=None, help="Where golden runs are kept (default <data-dir>/.golden).")),
         ("--timeline", dict(default=None, type=click.Path(dir_okay=False), help="Write an interactive HTML timeline.")),
         ("--perfetto", dict(default=None, type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace JSON.")),
-        ("--grafana-url", dict(envvar="JOBTRACE_GRAFANA_URL", default=None, help="Link findings to Grafana Explore.")),
-        ("--grafana-datasource", dict(envvar="JOBTRACE_GRAFANA_DATASOURCE", default=None, help="Loki data source uid.")),
-        ("--kibana-url", dict(envvar="JOBTRACE_KIBANA_URL", default=None, help="Link findings to Kibana Discover.")),
-        ("--kibana-data-view", dict(envvar="JOBTRACE_KIBANA_DATA_VIEW", default=None, help="Kibana data view id.")),
+        ("--grafana-url", dict(envvar=config.GRAFANA_URL, default=None, help="Link findings to Grafana Explore.")),
+        ("--grafana-datasource", dict(envvar=config.GRAFANA_DATASOURCE, default=None, help="Loki data source uid.")),
+        ("--kibana-url", dict(envvar=config.KIBANA.url, default=None, help="Link findings to Kibana Discover.")),
+        ("--kibana-data-view", dict(envvar=config.KIBANA_DATA_VIEW, default=None, help="Kibana data view id.")),
     ]
     for name, kw in options:
         f = click.option(name, **kw)(f)
@@ -79,11 +80,11 @@ def _fail(console: Console, exc: Exception) -> None:
 @click.command(name="trace-job", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job_id")
 @click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
-              show_default=True, envvar="JOBTRACE_BACKEND", help="Where the job's events are.")
+              show_default=True, envvar=config.BACKEND, help="Where the job's events are.")
 @click.option("--url", default=None, help="Backend URL (default from JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
 @click.option("--since", default=None, help="Start of the time range for servers: 90m, 7d, RFC 3339 (default 7d).")
 @click.option("--until", default=None, help="End of the time range for servers (default now).")
-@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True,
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
               help="Embedded store directory (local backend).")
 @_analysis_options
 @_view_options
@@ -134,18 +135,18 @@ _add_ingest_command()
 
 
 @main.command(name="setup")
-@click.option("--url", envvar="JOBTRACE_ES_URL", required=True,
+@click.option("--url", envvar=config.ES.url, required=True,
               help="Elasticsearch/OpenSearch URL (credentials: JOBTRACE_ES_USERNAME/_PASSWORD, _API_KEY, _TOKEN, "
                    "_CA_FILE; see the README).")
-@click.option("--kibana-url", envvar="JOBTRACE_KIBANA_URL", default=None,
+@click.option("--kibana-url", envvar=config.KIBANA.url, default=None,
               help="Kibana or OpenSearch Dashboards URL: also import the saved objects "
                    "(credentials: JOBTRACE_KIBANA_*, default the JOBTRACE_ES_* ones).")
 @click.option("--kibana-space", default=None, help="Kibana space to import into (default space if not given).")
-@click.option("--logs-retention", default="7d", show_default=True, envvar="JOBTRACE_ES_LOGS_RETENTION",
+@click.option("--logs-retention", default="7d", show_default=True, envvar=config.ES_LOGS_RETENTION,
               help="How long to keep log records and heartbeats (7d, 2w, 1y).")
-@click.option("--metrics-retention", default="365d", show_default=True, envvar="JOBTRACE_ES_METRICS_RETENTION",
+@click.option("--metrics-retention", default="365d", show_default=True, envvar=config.ES_METRICS_RETENTION,
               help="How long to keep metric points and per-step step spans.")
-@click.option("--traces-retention", default=None, envvar="JOBTRACE_ES_TRACES_RETENTION",
+@click.option("--traces-retention", default=None, envvar=config.ES_TRACES_RETENTION,
               help="How long to keep phase/collective spans (default: as logs).")
 @click.option("--replicas", type=click.IntRange(0), default=None,
               help="index.number_of_replicas for jobtrace data (default: the cluster's).")
@@ -159,7 +160,6 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
 
     Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 3 error.
     """
-    import os
     from dataclasses import asdict
 
     import orjson
@@ -172,16 +172,15 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
     try:
         retention = Retention(parse_days(logs_retention), parse_days(metrics_retention),
                               parse_days(traces_retention) if traces_retention else None)
-        config = HttpConfig.from_env("JOBTRACE_ES", url=url)
+        http = HttpConfig.from_env(config.ES.prefix, url=url)
         kb = None
         if kibana_url:
-            prefix = "JOBTRACE_KIBANA" if any(
-                os.environ.get(f"JOBTRACE_KIBANA_{k}") for k in
-                ("USERNAME", "PASSWORD", "PASSWORD_FILE", "TOKEN", "TOKEN_FILE", "API_KEY", "API_KEY_FILE")
-            ) else "JOBTRACE_ES"
+            # Kibana's own credentials when any is set, else the cluster's (one user for both is common).
+            prefix = config.KIBANA.prefix if HttpConfig.has_credentials(config.KIBANA.prefix) else config.ES.prefix
             kb = HttpConfig.from_env(prefix, url=kibana_url)
-        report = run_setup(config, retention=retention, replicas=replicas, kibana=kb, kibana_space=kibana_space,
-                           wait_s=wait_s, flavour=os.environ.get("JOBTRACE_ES_FLAVOR"))
+        report = run_setup(http, retention=retention, replicas=replicas, kibana=kb, kibana_space=kibana_space,
+                           wait_s=wait_s,
+                           flavour=config.get_choice(config.ES_FLAVOR, ("elasticsearch", "opensearch", "victorialogs")))
     except JobtraceError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(3)
@@ -189,7 +188,7 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
         click.echo(orjson.dumps(asdict(report) | {"ok": report.ok}, option=orjson.OPT_INDENT_2).decode())
     else:
         out = Console()
-        out.print(f"[bold]{report.cluster}[/] at {redact_url(config.url)}", highlight=False)
+        out.print(f"[bold]{report.cluster}[/] at {redact_url(http.url)}", highlight=False)
         for item in report.installed:
             out.print(f"  installed  {item}", highlight=False)
         for item in report.unchanged:
@@ -239,7 +238,7 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
 @click.argument("job_id")
 @click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="Where to send the job.")
 @click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
-@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Stop after this many seconds; what the server has not taken is reported (a rerun is safe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -281,7 +280,7 @@ def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: floa
 
 
 @main.command()
-@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 def jobs(data_dir: str) -> None:
     """List the jobs in the embedded store."""
     from queries import list_local_jobs
@@ -292,7 +291,7 @@ def jobs(data_dir: str) -> None:
 
 @main.command()
 @click.argument("job_id")
-@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--name", default=None, help="Name of the reference (default: the job id).")
 @click.option("--golden-dir", default=None, help="Where golden runs are kept (default <data-dir>/.golden).")
 @click.option("--force", is_flag=True, help="Keep the job even if its own report is not healthy.")
@@ -321,7 +320,7 @@ def golden(job_id: str, data_dir: str, name: str | None, golden_dir: str | None,
 @click.option("--nan-step", type=int, default=None, help="Make rank 0's loss NaN from this step.")
 @click.option("--ranks-per-node", type=int, default=0, help="Simulate nodes of this many ranks.")
 @click.option("--job-id", default=None, help="Default: demo-<time>.")
-@click.option("--data-dir", envvar="JOBTRACE_DATA_DIR", default="jobtrace-data", show_default=True)
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--verbose", is_flag=True, help="Show the training job's own output.")
 @click.option("--json", "as_json", is_flag=True)
 def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, hang_rank: int | None, hang_step: int,

@@ -12,12 +12,12 @@ an error message.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Callable, Mapping, Protocol, Sequence
 
+from . import config
 from .errors import BackendUnavailable, ConfigError
 from .redact import redact_url
 
@@ -91,38 +91,35 @@ class HttpConfig:
 
     @classmethod
     def from_env(cls, prefix: str, url: str | None = None, **overrides: object) -> HttpConfig:
-        """Read ``<PREFIX>_URL``, ``_USERNAME``, ``_PASSWORD``, ``_TOKEN``, ``_API_KEY``, ``_TENANT``,
-        ``_CA_FILE``, ``_CLIENT_CERT``, ``_CLIENT_KEY``, ``_INSECURE``; ``_PASSWORD_FILE`` /
-        ``_TOKEN_FILE`` / ``_API_KEY_FILE`` read a secret from a file (Docker/K8s secrets)."""
-        env = os.environ
-
-        def secret(name: str) -> str | None:
-            path = env.get(f"{prefix}_{name}_FILE")
-            if path:
-                try:
-                    with open(path, encoding="utf-8") as fh:
-                        return fh.read().strip()
-                except OSError as exc:
-                    raise ConfigError(f"cannot read {prefix}_{name}_FILE: {exc.strerror}") from None
-            return env.get(f"{prefix}_{name}")
-
-        chosen = url or env.get(f"{prefix}_URL")
+        """The connection ``<PREFIX>_*`` describes (``JOBTRACE_LOKI``, ``JOBTRACE_ES``, ``JOBTRACE_VL``,
+        ``JOBTRACE_KIBANA``; see :mod:`jobtrace.config`): ``_URL`` (``url`` wins), ``_USERNAME``,
+        ``_PASSWORD``, ``_TOKEN``, ``_API_KEY`` (each also ``_FILE``), ``_TENANT``, ``_CA_FILE``,
+        ``_CLIENT_CERT``, ``_CLIENT_KEY``, ``_INSECURE``. ``overrides`` that are not ``None`` win."""
+        names = config.server_vars(prefix)
+        chosen = url or config.get_str(names.url)
         if not chosen:
-            raise ConfigError(f"no URL: pass one or set {prefix}_URL")
+            raise ConfigError(f"no URL: pass one or set {names.url}")
         values: dict[str, object] = dict(
             url=chosen.rstrip("/"),
-            username=env.get(f"{prefix}_USERNAME"),
-            password=secret("PASSWORD"),
-            bearer_token=secret("TOKEN"),
-            api_key=secret("API_KEY"),
-            tenant=env.get(f"{prefix}_TENANT"),
-            ca_file=env.get(f"{prefix}_CA_FILE"),
-            client_cert=env.get(f"{prefix}_CLIENT_CERT"),
-            client_key=env.get(f"{prefix}_CLIENT_KEY"),
-            verify=env.get(f"{prefix}_INSECURE", "") not in ("1", "true", "yes"),
+            username=config.get_str(names.username),
+            password=config.get_secret(names.password),
+            bearer_token=config.get_secret(names.token),
+            api_key=config.get_secret(names.api_key),
+            tenant=config.get_str(names.tenant),
+            ca_file=config.get_str(names.ca_file),
+            client_cert=config.get_str(names.client_cert),
+            client_key=config.get_str(names.client_key),
+            verify=not config.get_bool(names.insecure),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+    @classmethod
+    def has_credentials(cls, prefix: str) -> bool:
+        """Whether any credential variable of ``prefix`` is set (so that it should be used rather than another's)."""
+        names = config.server_vars(prefix)
+        secrets = (names.password, names.token, names.api_key)
+        return any(config.get_str(n) for n in (names.username, *secrets, *map(names.file_of, secrets)))
 
     def auth_headers(self) -> dict[str, str]:
         import base64

@@ -21,25 +21,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from jobtrace.errors import ConfigError
+from . import config
+from .errors import ConfigError
 
-__all__ = ["Identity", "resolve_identity", "trace_id_for_job", "ENV_VARS"]
-
-ENV_VARS: dict[str, str] = {
-    "JOBTRACE_JOB_ID": "Job id shared by all ranks (default: from the launcher).",
-    "JOBTRACE_RANK": "Global rank of this process.",
-    "JOBTRACE_LOCAL_RANK": "Rank within the node.",
-    "JOBTRACE_WORLD_SIZE": "Number of ranks in the job.",
-    "JOBTRACE_NODE": "Node name to report (default: the host name).",
-    "JOBTRACE_DATA_DIR": "Embedded store directory (default ./jobtrace-data).",
-    "JOBTRACE_HEARTBEAT_S": "Seconds between heartbeats (default 10).",
-    "JOBTRACE_STALL_DUMP_S": "Seconds without progress before the main thread's stack is recorded (default 60).",
-    "JOBTRACE_DISABLE": "Set to 1 to store nothing (instrumentation stays, events are discarded).",
-}
+__all__ = ["Identity", "job_root_span_id", "resolve_identity", "trace_id_for_job"]
 
 # (source name, job id, rank, local rank, world size) variable names per launcher.
 _SOURCES: tuple[tuple[str, tuple[str, ...], str, str, str], ...] = (
-    ("jobtrace", ("JOBTRACE_JOB_ID",), "JOBTRACE_RANK", "JOBTRACE_LOCAL_RANK", "JOBTRACE_WORLD_SIZE"),
+    ("jobtrace", (config.JOB_ID,), config.RANK, config.LOCAL_RANK, config.WORLD_SIZE),
     ("torchrun", ("TORCHELASTIC_RUN_ID",), "RANK", "LOCAL_RANK", "WORLD_SIZE"),
     ("openmpi", ("OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"), "OMPI_COMM_WORLD_RANK",
      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -108,7 +97,7 @@ def resolve_identity(
     node: str | None = None,
 ) -> Identity:
     """Resolve this process's identity from arguments and the launcher's environment."""
-    env = os.environ if env is None else env
+    env = config.environ() if env is None else env
     warnings: list[str] = []
     found: dict[str, tuple[int | str, str]] = {}  # key: (value, where it came from)
 
@@ -151,7 +140,7 @@ def resolve_identity(
     if not 0 <= r < w:
         raise ConfigError(
             f"rank {r} (from {found.get('rank', (0, 'default'))[1]}) is outside world size {w} "
-            f"(from {found.get('world_size', (1, 'default'))[1]}); set JOBTRACE_RANK/JOBTRACE_WORLD_SIZE"
+            f"(from {found.get('world_size', (1, 'default'))[1]}); set {config.RANK}/{config.WORLD_SIZE}"
         )
 
     resolved_job = found.get("job_id", (None, ""))[0]
@@ -162,7 +151,7 @@ def resolve_identity(
             resolved_job = "job-" + hashlib.sha1(key.encode()).hexdigest()[:12]
             warnings.append(
                 f"no launcher job id found; derived {resolved_job} from MASTER_ADDR/PORT. "
-                "Set JOBTRACE_JOB_ID to name the job."
+                f"Set {config.JOB_ID} to name the job."
             )
         else:
             resolved_job = time.strftime("local-%Y%m%d-%H%M%S-", time.gmtime()) + str(os.getpid())
@@ -172,7 +161,7 @@ def resolve_identity(
 
     trace_id = trace_id_for_job(job)
     parent: str | None = None
-    tp = env.get("TRACEPARENT") or env.get("traceparent")
+    tp = env.get(config.TRACEPARENT) or env.get(config.TRACEPARENT.lower())
     if tp:
         m = _TRACEPARENT.match(tp.strip().lower())
         if m and int(m.group(1), 16):
@@ -180,7 +169,7 @@ def resolve_identity(
         else:
             warnings.append(f"ignoring malformed TRACEPARENT {tp!r}")
 
-    host = node or env.get("JOBTRACE_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname()
+    host = node or env.get(config.NODE) or env.get("SLURMD_NODENAME") or socket.gethostname()
     return Identity(
         job_id=job,
         rank=r,

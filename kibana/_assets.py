@@ -17,7 +17,7 @@ SAVED_OBJECT_FILES = {"kibana": "kibana.ndjson", "opensearch-dashboards": "opens
 
 @functools.cache
 def _read_json(name: str) -> Any:
-    return json.loads(resources.files(__name__).joinpath("templates").joinpath(name).read_text(encoding="utf-8"))
+    return json.loads(resources.files(__package__ or "kibana").joinpath("templates").joinpath(name).read_text(encoding="utf-8"))
 
 
 def load_template(name: str) -> Any:
@@ -29,7 +29,7 @@ def saved_objects_path(flavour: str) -> Any:
     """The packaged NDJSON file for ``kibana`` or ``opensearch-dashboards`` (a Traversable)."""
     if flavour not in SAVED_OBJECT_FILES:
         raise ValueError(f"unknown dashboards flavour {flavour!r}; one of {', '.join(FLAVOURS)}")
-    return resources.files(__name__).joinpath("saved_objects").joinpath(SAVED_OBJECT_FILES[flavour])
+    return resources.files(__package__ or "kibana").joinpath("saved_objects").joinpath(SAVED_OBJECT_FILES[flavour])
 
 
 def saved_objects(flavour: str) -> bytes:

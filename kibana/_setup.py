@@ -52,6 +52,7 @@ from urllib.parse import urlencode, urlsplit
 
 import orjson
 
+from jobtrace import config
 from jobtrace.errors import BackendUnavailable, ConfigError
 from jobtrace.http import HttpConfig, Request, RequestsTransport, Transport
 from jobtrace.redact import redact_url
@@ -158,7 +159,7 @@ def parse_root(status: int, headers: Mapping[str, str], body: Any, url: str) -> 
                               "Elasticsearch 8 or 9")
         return cluster
     raise ConfigError(f"{where} answers GET / but is neither Elasticsearch nor OpenSearch "
-                      f"(version {number!r}); set JOBTRACE_ES_FLAVOR if it is a compatible server")
+                      f"(version {number!r}); set {config.ES_FLAVOR} if it is a compatible server")
 
 
 def detect_cluster(transport: Transport, url: str, timeout_s: float = 10.0, flavour: str | None = None) -> Cluster:
@@ -364,10 +365,11 @@ class Retention:
         return max(1, min(30, days // 7))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Retention:
-        traces = env.get("JOBTRACE_ES_TRACES_RETENTION")
-        return cls(parse_days(env.get("JOBTRACE_ES_LOGS_RETENTION", "7d")),
-                   parse_days(env.get("JOBTRACE_ES_METRICS_RETENTION", "365d")),
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Retention:
+        """``JOBTRACE_ES_LOGS_RETENTION``, ``_METRICS_RETENTION`` and ``_TRACES_RETENTION``."""
+        traces = config.get_str(config.ES_TRACES_RETENTION, env)
+        return cls(parse_days(config.get_str(config.ES_LOGS_RETENTION, env, "7d") or "7d"),
+                   parse_days(config.get_str(config.ES_METRICS_RETENTION, env, "365d") or "365d"),
                    parse_days(traces) if traces else None)
 
 

@@ -13,7 +13,6 @@ span would cost every step and phase ~10 µs; asking costs only the rare OTel sp
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 from opentelemetry import context as otel_context
@@ -22,6 +21,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
 
+from jobtrace import config
 from jobtrace.events import SpanCategory
 
 from jobtrace.identity import Identity
@@ -33,7 +33,7 @@ __all__ = ["install_otel", "resource_for"]
 def resource_for(ident: Identity) -> Resource:
     return Resource.create(
         {
-            "service.name": os.environ.get("OTEL_SERVICE_NAME", "training"),
+            "service.name": config.get_str(config.OTEL_SERVICE_NAME, default="training"),
             "service.namespace": "jobtrace",
             "service.instance.id": f"{ident.job_id}/rank-{ident.rank}",
             "host.name": ident.node,

@@ -19,16 +19,27 @@ import sys
 import tempfile
 import threading
 import traceback
+import weakref
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from time import time_ns
 from types import FrameType, ModuleType, TracebackType
 from typing import Any, Callable, Sequence
 
+from jobtrace import config
+from jobtrace.config import TracingSettings
 from jobtrace.errors import ConfigError, StoreError
 from jobtrace.events import SpanCategory
-from shippers import BatchWorker, LocalStoreSink, Sink
-from jobtrace.store import DEFAULT_DATA_DIR, spool_root
+from jobtrace.store import spool_root
+from shippers import (
+    BatchWorker,
+    LocalStoreSink,
+    OtlpSpanSink,
+    ProcessInfo,
+    RootSpan,
+    Sink,
+    network_sinks_from_env,
+)
 
 from jobtrace.identity import Identity, job_root_span_id, resolve_identity
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
@@ -38,16 +49,7 @@ __all__ = ["Tracing", "get_tracing", "init_tracing", "log_metrics", "phase", "pu
 
 _lock = threading.Lock()
 _active: Tracing | None = None
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
+_disabled: DisabledTracing | None = None
 
 
 def _stderr(msg: str) -> None:
@@ -89,9 +91,10 @@ class Tracing:
         flush_interval_s: float,
         otel_context: str = "all",
         sink_factory: Callable[[Identity], list[Sink]] | None = None,
+        native: bool | None = None,
     ) -> None:
         self.identity = identity
-        self.recorder = make_recorder(identity)
+        self.recorder = make_recorder(identity, native)
         self.new_span = self.recorder.new_span  # what the module's step()/phase()/span() call
         self._sink_factory = sink_factory
         self.worker: BatchWorker[tuple[Any, ...]] = BatchWorker(
@@ -252,7 +255,9 @@ class Tracing:
             self._undo.append(lambda: signal.signal(signal.SIGTERM, prev_term))
 
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork)
+            # A fork hook cannot be unregistered: hold the handle weakly, so a shut-down Tracing can be freed.
+            after_fork = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (method := after_fork()) is not None and method())
 
     def _after_fork(self) -> None:
         """In a forked child (e.g. a DataLoader worker) events go to the child's own file."""
@@ -311,9 +316,10 @@ class Tracing:
                 _stderr(f"heartbeat error: {exc}")
 
 
-def make_recorder(identity: Identity) -> Recorder:
-    """The compiled recorder where ``jobtrace_native`` is installed (``JOBTRACE_NATIVE=0``: the Python one)."""
-    if os.environ.get("JOBTRACE_NATIVE", "1") != "0":
+def make_recorder(identity: Identity, native: bool | None = None) -> Recorder:
+    """The compiled recorder where ``jobtrace_native`` is built, unless ``native`` is false (default
+    ``JOBTRACE_NATIVE``); otherwise the Python one."""
+    if native if native is not None else config.get_bool(config.NATIVE, default=True):
         try:
             from ._native import NativeRecorder
         except ImportError:
@@ -329,34 +335,29 @@ def _torch_importable() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def _default_sinks(data_dir: str | None, strict: bool) -> Callable[[Identity], list[Sink]]:
+def _default_sinks(data_dir: str, settings: TracingSettings, strict: bool) -> Callable[[Identity], list[Sink]]:
     def build(ident: Identity) -> list[Sink]:
-        from shippers import ProcessInfo, local_store_enabled, network_sinks_from_env
-
-        target = data_dir or os.environ.get("JOBTRACE_DATA_DIR") or DEFAULT_DATA_DIR
         network: list[Sink] = []
         try:
-            info = ProcessInfo(ident.job_id, ident.node, ident.rank, ident.pid, spool_root(target, ident.job_id))
+            info = ProcessInfo(ident.job_id, ident.node, ident.rank, ident.pid, spool_root(data_dir, ident.job_id))
             network = network_sinks_from_env(info)
         except Exception as exc:  # noqa: BLE001 - a bad server config must not stop training
             if strict:
                 raise ConfigError(f"cannot set up a log shipper: {exc}") from exc
             _stderr(f"cannot set up a log shipper: {exc}; continuing with the embedded store")
-        network += _otlp_sinks(ident)
-        if network and not local_store_enabled():
+        network += _otlp_sinks(ident, settings)
+        if network and not settings.local_store:
             return network
-        return _local_sink(target, ident, strict) + network
+        return _local_sink(data_dir, ident, strict, settings.compact) + network
 
     return build
 
 
-def _otlp_sinks(ident: Identity) -> list[Sink]:
+def _otlp_sinks(ident: Identity, settings: TracingSettings) -> list[Sink]:
     """Spans to a trace store when an OTLP endpoint is configured the standard OpenTelemetry way."""
-    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+    if not (settings.otlp_endpoint or settings.otlp_traces_endpoint):
         return []
     try:
-        from shippers import OtlpSpanSink, RootSpan
-
         from ._otel import resource_for
 
         # Rank 0's first process closes the job's root span, which no rank records itself: without it
@@ -369,15 +370,15 @@ def _otlp_sinks(ident: Identity) -> list[Sink]:
         return []
 
 
-def _local_sink(target: str, ident: Identity, strict: bool) -> list[Sink]:
+def _local_sink(target: str, ident: Identity, strict: bool, compact: bool) -> list[Sink]:
     try:
-        return [LocalStoreSink(target, ident.job_id, ident.node, ident.rank, ident.pid)]
+        return [LocalStoreSink(target, ident.job_id, ident.node, ident.rank, ident.pid, compact=compact)]
     except StoreError as exc:
         if strict:
             raise ConfigError(str(exc)) from exc
         fallback = os.path.join(tempfile.gettempdir(), "jobtrace-data")
         try:
-            sink = LocalStoreSink(fallback, ident.job_id, ident.node, ident.rank, ident.pid)
+            sink = LocalStoreSink(fallback, ident.job_id, ident.node, ident.rank, ident.pid, compact=compact)
         except StoreError as exc2:
             _stderr(f"{exc}; fallback failed too ({exc2}). Training continues, events are NOT stored.")
             return []
@@ -430,36 +431,88 @@ def init_tracing(
             than cores) but widens what a SIGKILL loses: everything after the last batch.
         strict: raise :class:`ConfigError` when the store cannot be written instead of falling back.
     """
-    global _active
+    global _active, _disabled
     with _lock:
         if _active is not None:
             return _active
         if otel_context not in ("step", "all", "none"):
             raise ConfigError(f"otel_context={otel_context!r}: use 'step', 'all' or 'none'")
-        if os.environ.get("JOBTRACE_DISABLE") == "1":
-            sinks = []
+        settings = TracingSettings.from_env()
         identity = resolve_identity(
             job_id=job_id, rank=rank, local_rank=local_rank, world_size=world_size, node=node
         )
-        factory = _default_sinks(data_dir, strict)
+        if settings.disabled:
+            if _disabled is None:
+                _disabled = DisabledTracing(identity)
+            return _disabled  # type: ignore[return-value]  # the same interface, doing nothing
+        beat = _given(heartbeat_s, settings.heartbeat_s, "heartbeat_s", positive=True)
+        flush = _given(flush_interval_s, settings.flush_interval_s, "flush_interval_s", positive=True)
+        dump = _given(stall_dump_s, settings.stall_dump_s, "stall_dump_s")
+        memory = _given(memory_interval_s, settings.memory_interval_s, "memory_interval_s")
+        factory = _default_sinks(data_dir or settings.data_dir, settings, strict)
         chosen = list(sinks) if sinks is not None else factory(identity)
         _active = Tracing(
             identity,
             chosen,
             level=level,
-            heartbeat_s=heartbeat_s or _env_float("JOBTRACE_HEARTBEAT_S", 10.0),
-            stall_dump_s=stall_dump_s or _env_float("JOBTRACE_STALL_DUMP_S", 60.0),
-            memory_interval_s=(memory_interval_s if memory_interval_s is not None
-                               else _env_float("JOBTRACE_MEMORY_INTERVAL_S", 0.1)),
+            heartbeat_s=beat,
+            stall_dump_s=dump,
+            memory_interval_s=memory,
             console=console,
             torch=torch,
             otel=otel,
-            flush_interval_s=flush_interval_s or _env_float("JOBTRACE_FLUSH_INTERVAL_S", 1.0),
+            flush_interval_s=flush,
             otel_context=otel_context,
             sink_factory=factory if sinks is None else None,
+            native=settings.native,
         )
         _publish(_active.recorder)
         return _active
+
+
+def _given(value: float | None, default: float, name: str, *, positive: bool = False) -> float:
+    """An argument when given (an explicit 0 included), else the setting; checked like the variable."""
+    if value is None:
+        return default
+    if value != value or value < 0 or (positive and value == 0):
+        raise ConfigError(f"{name}={value!r} must be {'above' if positive else 'at least'} 0")
+    return float(value)
+
+
+class DisabledTracing:
+    """What :func:`init_tracing` returns under ``JOBTRACE_DISABLE=1``: the handle's interface, doing nothing.
+
+    No handler, hook, thread or file is installed, so a job can turn tracing off without a code change
+    and without paying for it; ``step``/``phase``/``span`` return a null span.
+    """
+
+    def __init__(self, identity: Identity) -> None:
+        self.identity = identity
+        self.torch_instrumented = False
+
+    def step(self, i: int, **attrs: Any) -> AbstractContextManager[Any]:
+        return _NULL_SPAN
+
+    def phase(self, name: str, **attrs: Any) -> AbstractContextManager[Any]:
+        return _NULL_SPAN
+
+    def span(self, name: str, **attrs: Any) -> AbstractContextManager[Any]:
+        return _NULL_SPAN
+
+    def log_metrics(self, step: int | None = None, **values: Any) -> None:
+        return None
+
+    def force_flush(self, timeout_s: float = 10.0) -> bool:
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"disabled": True}
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        global _disabled
+        with _lock:
+            if _disabled is self:
+                _disabled = None
 
 
 def get_tracing() -> Tracing | None:

@@ -18,12 +18,12 @@ partial report.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Generator, Iterator
 from typing import Any
 
+from jobtrace.config import ES, ES_FLAVOR, ES_NAMESPACE, get_choice, get_str
 from jobtrace.errors import ConfigError, JobNotFound, QueryError
 from jobtrace.http import HttpConfig, RequestsTransport
 from jobtrace.redact import redact_url
@@ -45,6 +45,8 @@ from ._reading import TimeRange
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["iter_job_documents", "load_elasticsearch"]
+
+_FLAVOURS = ("elasticsearch", "opensearch", "victorialogs")
 
 PAGE_SIZE = 10_000  # index.max_result_window, the largest page a cluster serves by default
 KEEP_ALIVE = "5m"
@@ -231,12 +233,12 @@ def load_elasticsearch(job_id: str, *, url: str | None = None, time_range: TimeR
     ``namespace`` (or ``JOBTRACE_ES_NAMESPACE``) narrows the search to one namespace;
     by default every ``*-jobtrace-*`` data stream is read.
     """
-    cfg = config or HttpConfig.from_env("JOBTRACE_ES", url=url)
-    namespace = namespace or os.environ.get("JOBTRACE_ES_NAMESPACE") or None
+    cfg = config or HttpConfig.from_env(ES.prefix, url=url)
+    namespace = namespace or get_str(ES_NAMESPACE)
     where = redact_url(cfg.url)
     raw = RequestsTransport(cfg)
     try:
-        cluster = detect_cluster(raw, cfg.url, cfg.timeout_s, flavour or os.environ.get("JOBTRACE_ES_FLAVOR"))
+        cluster = detect_cluster(raw, cfg.url, cfg.timeout_s, flavour or get_choice(ES_FLAVOR, _FLAVOURS))
     finally:
         raw.close()
     if cluster.flavour == "victorialogs":

@@ -26,7 +26,6 @@ so the report is the one the embedded store gives.
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 import time
@@ -37,6 +36,7 @@ from urllib.parse import urlencode
 
 import orjson
 
+from jobtrace import config
 from jobtrace.errors import ConfigError, JobNotFound, QueryError
 from jobtrace.http import url_without_suffix
 from jobtrace.redact import url_for_display
@@ -256,11 +256,11 @@ def load_loki(job_id: str, *, url: str | None = None, time_range: TimeRange, tra
     import loki
     from jobtrace.http import HttpConfig, RequestsTransport
 
-    config = HttpConfig.from_env("JOBTRACE_LOKI", url)
+    http = HttpConfig.from_env(config.LOKI.prefix, url)
     reader = LokiReader(
-        config.url, transport or RequestsTransport(config), tenant=config.tenant,
-        limit=limit or int(os.environ.get("JOBTRACE_LOKI_QUERY_LIMIT", "5000")),
-        parallel=parallel or int(os.environ.get("JOBTRACE_LOKI_QUERY_PARALLEL", "4")),
+        http.url, transport or RequestsTransport(http), tenant=http.tenant,
+        limit=limit or config.get_int(config.LOKI_QUERY_LIMIT, default=5000, minimum=2) or 5000,
+        parallel=parallel or config.get_int(config.LOKI_QUERY_PARALLEL, default=4, minimum=1) or 4,
         **options,
     )
     selector = loki.library().render("job_events", job=job_id)

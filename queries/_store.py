@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping
 import duckdb
 import orjson
 
+from jobtrace import config
 from jobtrace.errors import JobNotFound, QueryError
 from jobtrace.events import COLUMNS
 from jobtrace.store import cache_dir, count_lines, job_dir, job_files, json_scan_sql, list_jobs, literal, literal_list
@@ -74,12 +75,12 @@ def _connect() -> duckdb.DuckDBPyConnection:
     # Large jobs: let DuckDB spill to disk instead of needing the whole job in memory.
     con.execute("SET preserve_insertion_order = false")
     con.execute("SET enable_progress_bar = false")  # a library must not draw on the user's terminal
-    limit = os.environ.get("JOBTRACE_MEMORY_LIMIT")
+    limit = config.get_str(config.MEMORY_LIMIT)
     if limit:
         con.execute(f"SET memory_limit = {literal(limit)}")
-    threads = os.environ.get("JOBTRACE_THREADS")
+    threads = config.get_int(config.THREADS, minimum=1)
     if threads:
-        con.execute(f"SET threads = {int(threads)}")
+        con.execute(f"SET threads = {threads}")
     return con
 
 
@@ -100,7 +101,7 @@ def _signature(paths: list[str]) -> tuple[str, bool]:
         st = os.stat(path)
         newest = max(newest, st.st_mtime_ns)
         h.update(f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns};".encode())
-    settle_s = float(os.environ.get("JOBTRACE_CACHE_SETTLED_S", _SETTLED_S))
+    settle_s = config.get_float(config.CACHE_SETTLED_S, default=_SETTLED_S, minimum=0.0) or 0.0
     return h.hexdigest()[:16], (time.time_ns() - newest) / 1e9 > settle_s
 
 

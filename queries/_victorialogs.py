@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
+from jobtrace import config
 from jobtrace.errors import JobNotFound
 from jobtrace.http import url_without_suffix
 from jobtrace.redact import url_for_display
@@ -197,9 +197,10 @@ def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRa
     ``JOBTRACE_VL_TENANT=<AccountID>[:<ProjectID>]``)."""
     from jobtrace.http import HttpConfig, RequestsTransport
 
-    config = HttpConfig.from_env("JOBTRACE_VL", url)
-    reader = VictoriaLogsReader(config.url, transport or RequestsTransport(config), tenant=config.tenant,
-                                parallel=parallel or int(os.environ.get("JOBTRACE_VL_QUERY_PARALLEL", "4")), **options)
+    http = HttpConfig.from_env(config.VL.prefix, url)
+    reader = VictoriaLogsReader(http.url, transport or RequestsTransport(http), tenant=http.tenant,
+                                parallel=parallel or config.get_int(config.VL_QUERY_PARALLEL, default=4, minimum=1) or 4,
+                                **options)
     selector = "{job=" + logsql_quote(job_id) + "}"
     stats = ReadStats()
     try:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +53,20 @@ from urllib.parse import urlencode
 
 import orjson
 
+from jobtrace.config import (
+    ES,
+    ES_BATCH_BYTES,
+    ES_BATCH_LINES,
+    ES_COMPRESS,
+    ES_FLAVOR,
+    ES_NAMESPACE,
+    ES_SETUP,
+    OTEL_SERVICE_NAME,
+    get_bool,
+    get_choice,
+    get_int,
+    get_str,
+)
 from jobtrace.errors import BackendUnavailable, ConfigError
 from jobtrace.http import HttpConfig, Request, RequestsTransport, Response, RetryPolicy, Transport
 from jobtrace.redact import redact_url
@@ -305,13 +318,13 @@ class ElasticsearchShipper(SpoolingSender):
                  max_batch_lines: int = 2000, max_batch_bytes: int = 4 << 20, compress: bool = False,
                  shutdown_timeout_s: float = 10.0) -> None:
         if setup not in ("auto", "off"):
-            raise ConfigError(f"JOBTRACE_ES_SETUP={setup!r}: use auto or off")
+            raise ConfigError(f"{ES_SETUP}={setup!r}: use auto or off")
         try:
             encoder = EsBulkEncoder(config.url, namespace=namespace, service_name=service_name,
                                     max_batch_lines=max_batch_lines, max_batch_bytes=max_batch_bytes,
                                     compress=compress, victorialogs=True if flavour == "victorialogs" else None)
         except ValueError as exc:
-            raise ConfigError(f"JOBTRACE_ES_NAMESPACE: {exc}") from None
+            raise ConfigError(f"{ES_NAMESPACE}: {exc}") from None
         inner: Transport = transport or RequestsTransport(config)
         self.setup_transport: SetupOnFirstUse | None = None
         if setup == "auto":
@@ -329,30 +342,16 @@ class ElasticsearchShipper(SpoolingSender):
         Credentials and TLS always come from the process environment
         (:meth:`HttpConfig.from_env`); ``env`` (default ``os.environ``) supplies the rest.
         """
-        env = os.environ if env is None else env
-        config = HttpConfig.from_env("JOBTRACE_ES", url=url)
+        http = HttpConfig.from_env(ES.prefix, url=url)
         kw: dict[str, Any] = {
-            "namespace": env.get("JOBTRACE_ES_NAMESPACE", "default"),
-            "setup": env.get("JOBTRACE_ES_SETUP", "auto").lower(),
+            "namespace": get_str(ES_NAMESPACE, env, "default"),
+            "setup": get_choice(ES_SETUP, ("auto", "off"), env, "auto"),
             "retention": Retention.from_env(env),
-            "flavour": env.get("JOBTRACE_ES_FLAVOR") or None,
-            "service_name": env.get("OTEL_SERVICE_NAME", "jobtrace"),
-            "max_batch_lines": _env_int(env, "JOBTRACE_ES_BATCH_LINES", 2000),
-            "max_batch_bytes": _env_int(env, "JOBTRACE_ES_BATCH_BYTES", 4 << 20),
-            "compress": env.get("JOBTRACE_ES_COMPRESS", "") in ("1", "true", "yes"),
+            "flavour": get_choice(ES_FLAVOR, ("elasticsearch", "opensearch", "victorialogs"), env),
+            "service_name": get_str(OTEL_SERVICE_NAME, env, "jobtrace"),
+            "max_batch_lines": get_int(ES_BATCH_LINES, env, 2000, minimum=1),
+            "max_batch_bytes": get_int(ES_BATCH_BYTES, env, 4 << 20, minimum=1),
+            "compress": get_bool(ES_COMPRESS, env, False),
         }
         kw.update(overrides)
-        return cls(config, info.spool_dir("elasticsearch"), **kw)
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise ConfigError(f"{name} must be at least 1")
-    return value
+        return cls(http, info.spool_dir("elasticsearch"), **kw)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from jobtrace import config
 from jobtrace.errors import StoreError
 from jobtrace.store import compact, job_dir, process_file_name
 
@@ -32,7 +33,7 @@ class LocalStoreSink:
     def __init__(self, data_dir: str | os.PathLike[str], job_id: str, node: str, rank: int, pid: int,
                  *, compact: bool | None = None) -> None:
         # JOBTRACE_COMPACT=0 keeps a job's directory to JSON lines only (e.g. a tool that reads them itself).
-        self.compact = os.environ.get("JOBTRACE_COMPACT", "1") != "0" if compact is None else compact
+        self.compact = config.get_bool(config.COMPACT, default=True) if compact is None else compact
         self.dir = job_dir(data_dir, job_id)
         self.path = self.dir / process_file_name(node, rank, pid)
         try:

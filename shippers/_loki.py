@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
+from jobtrace import config
 from jobtrace.errors import ConfigError
 from jobtrace.http import HttpConfig, Request, RequestsTransport, Response, RetryPolicy, Transport
 from jobtrace.redact import url_for_display
@@ -89,26 +89,6 @@ def push_url(url: str) -> str:
         if "disable_message_parsing" not in params:
             query = urlencode([*parse_qsl(query, keep_blank_values=True), ("disable_message_parsing", "1")])
     return urlunsplit(parts._replace(path=path, query=query))
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    return raw.strip().lower() not in ("0", "false", "no", "off")
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be positive")
-    return value
 
 
 def _parse_labels(raw: str, var: str) -> dict[str, str]:
@@ -155,18 +135,17 @@ class LokiOptions:
                 raise ConfigError(f"Loki label name {name!r} is not a valid Prometheus label name")
 
     @classmethod
-    def from_env(cls, prefix: str = "JOBTRACE_LOKI", **overrides: Any) -> LokiOptions:
-        """``_FORMAT``, ``_GZIP``, ``_STRUCTURED_METADATA``, ``_LABELS`` (``a=x,b=y``),
-        ``_BATCH_LINES``, ``_BATCH_BYTES``, ``_MAX_LINE_BYTES``."""
-        env = os.environ
+    def from_env(cls, **overrides: Any) -> LokiOptions:
+        """``JOBTRACE_LOKI_FORMAT``, ``_GZIP``, ``_STRUCTURED_METADATA``, ``_LABELS`` (``a=x,b=y``),
+        ``_BATCH_LINES``, ``_BATCH_BYTES``, ``_MAX_LINE_BYTES`` (see :mod:`jobtrace.config`)."""
         values: dict[str, Any] = dict(
-            format=(env.get(f"{prefix}_FORMAT") or "protobuf").strip().lower(),
-            gzip=_env_flag(f"{prefix}_GZIP", False),
-            structured_metadata=_env_flag(f"{prefix}_STRUCTURED_METADATA", True),
-            static_labels=_parse_labels(env.get(f"{prefix}_LABELS", ""), f"{prefix}_LABELS"),
-            max_batch_lines=_env_int(f"{prefix}_BATCH_LINES", cls.max_batch_lines),
-            max_batch_bytes=_env_int(f"{prefix}_BATCH_BYTES", cls.max_batch_bytes),
-            max_line_bytes=_env_int(f"{prefix}_MAX_LINE_BYTES", cls.max_line_bytes),
+            format=config.get_choice(config.LOKI_FORMAT, ("protobuf", "json"), default="protobuf"),
+            gzip=config.get_bool(config.LOKI_GZIP, default=False),
+            structured_metadata=config.get_bool(config.LOKI_STRUCTURED_METADATA, default=True),
+            static_labels=_parse_labels(config.get_str(config.LOKI_LABELS, default="") or "", config.LOKI_LABELS),
+            max_batch_lines=config.get_int(config.LOKI_BATCH_LINES, default=cls.max_batch_lines, minimum=1),
+            max_batch_bytes=config.get_int(config.LOKI_BATCH_BYTES, default=cls.max_batch_bytes, minimum=1),
+            max_line_bytes=config.get_int(config.LOKI_MAX_LINE_BYTES, default=cls.max_line_bytes, minimum=1),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -575,8 +554,8 @@ class LokiShipper(SpoolingSender):
     ) -> LokiShipper:
         """Connection and secrets from ``JOBTRACE_LOKI_*`` (:meth:`HttpConfig.from_env`), encoding
         from :meth:`LokiOptions.from_env`; spools under ``info.spool_dir("loki")``."""
-        config = HttpConfig.from_env("JOBTRACE_LOKI", url)
-        encoder = LokiEncoder(push_url(config.url), options or LokiOptions.from_env(), tenant=config.tenant,
+        http = HttpConfig.from_env(config.LOKI.prefix, url)
+        encoder = LokiEncoder(push_url(http.url), options or LokiOptions.from_env(), tenant=http.tenant,
                               defaults={"job": info.job_id, "node": info.node})
-        return cls(encoder, transport or RequestsTransport(config), info.spool_dir("loki"),
-                   policy=policy, timeout_s=sender_options.pop("timeout_s", config.timeout_s), **sender_options)
+        return cls(encoder, transport or RequestsTransport(http), info.spool_dir("loki"),
+                   policy=policy, timeout_s=sender_options.pop("timeout_s", http.timeout_s), **sender_options)

@@ -43,7 +43,9 @@ from ._loki import (
     LokiShipper,
     push_url,
 )
+from jobtrace import config
 from jobtrace.http import HttpConfig, RequestsTransport
+from jobtrace.identity import trace_id_for_job
 
 __all__ = ["LokiHandler"]
 
@@ -76,10 +78,9 @@ class LokiHandler(logging.Handler):
                  version: str | None = None, *, spool_dir: str | os.PathLike[str] | None = None,
                  level: int = logging.NOTSET, options: LokiOptions | None = None, **sender_options: Any) -> None:
         super().__init__(level)
-        from jobtrace.identity import trace_id_for_job
-
         tags = dict(tags or {})
-        self.job = str(tags.pop("job", None) or os.environ.get("JOBTRACE_JOB_ID") or "python")
+        env = config.environ()
+        self.job = str(tags.pop("job", None) or config.get_str(config.JOB_ID, env) or "python")
         labels = {_sanitize(k): str(v) for k, v in tags.items()}
         labels = {k: v for k, v in labels.items() if k and k not in LABEL_KEYS and k not in METADATA_KEYS}
         base = options or LokiOptions.from_env()
@@ -87,17 +88,18 @@ class LokiHandler(logging.Handler):
         overrides: dict[str, Any] = {}
         if auth:
             overrides = {"username": auth[0], "password": auth[1]}
-        config = HttpConfig.from_env("JOBTRACE_LOKI", url, **overrides)
-        node = os.environ.get("JOBTRACE_NODE") or socket.gethostname()
+        http = HttpConfig.from_env(config.LOKI.prefix, url, **overrides)
+        node = config.get_str(config.NODE, env) or socket.gethostname()
+        # The torch launchers' variables, as python-logging-loki users run under torchrun without init_tracing.
         self._base: dict[str, Any] = {"job": self.job, "trace_id": trace_id_for_job(self.job),
-                      "rank": int(os.environ.get("RANK", "0") or 0), "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
-                      "world": int(os.environ.get("WORLD_SIZE", "1") or 1),
-                      "node": node, "pid": os.getpid(),
-                      "v": SCHEMA_VERSION}
+                                      "rank": int(env.get("RANK", "0") or 0),
+                                      "local_rank": int(env.get("LOCAL_RANK", "0") or 0),
+                                      "world": int(env.get("WORLD_SIZE", "1") or 1),
+                                      "node": node, "pid": os.getpid(), "v": SCHEMA_VERSION}
         directory = Path(spool_dir or Path(tempfile.gettempdir()) / f"jobtrace-loki-handler-{os.getpid()}")
-        encoder = LokiEncoder(push_url(config.url), opts, tenant=config.tenant,
+        encoder = LokiEncoder(push_url(http.url), opts, tenant=http.tenant,
                               defaults={"job": self.job, "node": node})
-        self.shipper = LokiShipper(encoder, sender_options.pop("transport", None) or RequestsTransport(config),
+        self.shipper = LokiShipper(encoder, sender_options.pop("transport", None) or RequestsTransport(http),
                                    directory, **sender_options)
         self.worker: BatchWorker[logging.LogRecord] = BatchWorker(self._encode, [self.shipper],
                                                                   name="jobtrace-loki-handler")

@@ -13,11 +13,12 @@ is the log backend. The SDK queue drops spans when the collector is away for lon
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, NamedTuple, Sequence
 
 import orjson
+
+from jobtrace import config
 
 __all__ = ["OtlpSpanSink", "RootSpan"]
 
@@ -43,9 +44,10 @@ class OtlpSpanSink:
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            url = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            if url is None and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-                url = os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+            url = endpoint or config.get_str(config.OTLP_TRACES_ENDPOINT)
+            base = config.get_str(config.OTLP_ENDPOINT)
+            if url is None and base:
+                url = base.rstrip("/") + "/v1/traces"
             exporter = OTLPSpanExporter(endpoint=url)
         self._resource = resource
         self._root = root

@@ -10,8 +10,7 @@ previous life could not send.
 
 from __future__ import annotations
 
-import os
-
+from jobtrace import config
 from jobtrace.errors import ConfigError
 
 from ._batch import Sink
@@ -41,9 +40,11 @@ def open_shipper(backend: str, info: ProcessInfo, url: str | None = None) -> Spo
 
 
 def network_sinks_from_env(info: ProcessInfo) -> list[Sink]:
-    env = {"loki": "JOBTRACE_LOKI_URL", "elasticsearch": "JOBTRACE_ES_URL"}
-    return [open_shipper(backend, info) for backend in NETWORK_BACKENDS if os.environ.get(env[backend])]
+    """A shipper for each backend whose URL variable is set (``JOBTRACE_LOKI_URL``, ``JOBTRACE_ES_URL``)."""
+    urls = {"loki": config.LOKI.url, "elasticsearch": config.ES.url}
+    return [open_shipper(backend, info) for backend in NETWORK_BACKENDS if config.get_str(urls[backend])]
 
 
 def local_store_enabled() -> bool:
-    return os.environ.get("JOBTRACE_LOCAL", "1") not in ("0", "false", "no")
+    """Whether the embedded store is written besides the network shippers (``JOBTRACE_LOCAL``)."""
+    return config.get_bool(config.LOCAL, default=True)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobtrace import config
 from jobtrace.store import job_dir
 
 __all__ = ["DemoConfig", "run_job"]
@@ -76,15 +77,15 @@ def _last_progress_ns(directory: Path) -> int:
 
 def run_job(cfg: DemoConfig) -> int:
     """Run the training job; returns torchrun's exit code (negative if the demo stopped it)."""
-    env = dict(os.environ)
-    env.update(
-        JOBTRACE_JOB_ID=cfg.job_id,
-        JOBTRACE_DATA_DIR=str(Path(cfg.data_dir).resolve()),
-        JOBTRACE_HEARTBEAT_S=str(cfg.heartbeat_s),
-        JOBTRACE_STALL_DUMP_S=str(max(1.0, cfg.stall_s / 2)),
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-    )
+    env = dict(config.environ())
+    env.update({
+        config.JOB_ID: cfg.job_id,
+        config.DATA_DIR: str(Path(cfg.data_dir).resolve()),
+        config.HEARTBEAT_S: str(cfg.heartbeat_s),
+        config.STALL_DUMP_S: str(max(1.0, cfg.stall_s / 2)),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
     args = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.ranks}",
         "--monitor-interval=0.5", "-m", "jobtrace.demo.train", f"--steps={cfg.steps}", f"--slow-ms={cfg.slow_ms}",
@@ -108,7 +109,7 @@ def run_job(cfg: DemoConfig) -> int:
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     # The demo's steps last milliseconds: sample host memory at every one of them, so that an
     # injected leak is dated to its step (real steps outlast the library's 0.1 s default).
-    env.setdefault("JOBTRACE_MEMORY_INTERVAL_S", "0")
+    env.setdefault(config.MEMORY_INTERVAL_S, "0")
     out = subprocess.DEVNULL if cfg.quiet else None
     proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
     directory = job_dir(cfg.data_dir, cfg.job_id)

@@ -1,0 +1,407 @@
+"""Every environment variable jobtrace reads, in one place: documented, typed, read once.
+
+Why one module: a training job is configured by its launcher's environment, so
+environment variables are jobtrace's main configuration surface. Each one is declared
+here once, as a constant holding its name and an entry in :data:`VARIABLES` (type,
+default, meaning), and read through the typed helpers below, which share one boolean
+dialect and one error style. Components read their variables when they are set up
+(``init_tracing``, a shipper's ``from_env``, a reader) into the frozen dataclasses at
+the end of this module, never on a hot path. ``docs/configuration.md`` is generated
+from :data:`VARIABLES` (``python -m jobtrace.config``), and a test fails when any other
+module of the product reads the environment itself.
+
+Precedence, highest first: an argument of the API or a command-line flag, then the
+variable, then the launcher's own variables (identity only), then the default.
+
+Booleans: ``1 true yes on`` and ``0 false no off`` (any case); empty means unset;
+anything else is a :class:`~jobtrace.errors.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Final, Mapping
+
+from .errors import ConfigError
+
+__all__ = [
+    "ES",
+    "KIBANA",
+    "LOKI",
+    "VARIABLES",
+    "VL",
+    "ServerVars",
+    "TracingSettings",
+    "Variable",
+    "environ",
+    "get_bool",
+    "get_choice",
+    "get_float",
+    "get_int",
+    "get_secret",
+    "get_str",
+    "markdown",
+    "server_vars",
+]
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: its name, the kind of value, its default as a user would write it, and why."""
+
+    name: str
+    kind: str
+    """``text``, ``path``, ``bool``, ``int``, ``float``, ``choice``, ``secret``, ``url`` or ``list``."""
+    default: str | None
+    doc: str
+    group: str
+
+
+VARIABLES: dict[str, Variable] = {}
+"""Every variable jobtrace reads, by name, in declaration order (the order of the docs)."""
+
+
+def _var(name: str, kind: str, default: str | None, doc: str, group: str) -> str:
+    if name in VARIABLES:
+        raise RuntimeError(f"{name} declared twice")  # a programming error, caught by the tests
+    VARIABLES[name] = Variable(name, kind, default, doc, group)
+    return name
+
+
+# ---- identity -------------------------------------------------------------------------------------
+_G = "Identity"
+JOB_ID: Final = _var("JOBTRACE_JOB_ID", "text", None,
+                     "Job id shared by all ranks (default: the launcher's: `TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID`, "
+                     "the Open MPI or MPICH job id).", _G)
+RANK: Final = _var("JOBTRACE_RANK", "int", None, "Global rank of this process (overrides the launcher's).", _G)
+LOCAL_RANK: Final = _var("JOBTRACE_LOCAL_RANK", "int", None, "Rank within the node (overrides the launcher's).", _G)
+WORLD_SIZE: Final = _var("JOBTRACE_WORLD_SIZE", "int", None, "Number of ranks in the job (overrides the launcher's).",
+                         _G)
+NODE: Final = _var("JOBTRACE_NODE", "text", None, "Node name to report (default: `SLURMD_NODENAME` or the host name).",
+                   _G)
+
+# ---- tracing --------------------------------------------------------------------------------------
+_G = "Tracing"
+DATA_DIR: Final = _var("JOBTRACE_DATA_DIR", "path", "jobtrace-data", "Embedded store directory.", _G)
+DISABLE: Final = _var("JOBTRACE_DISABLE", "bool", "0",
+                      "Turn tracing off: `init_tracing()` installs nothing and records nothing; `step`/`phase` "
+                      "still work as no-ops.", _G)
+HEARTBEAT_S: Final = _var("JOBTRACE_HEARTBEAT_S", "float", "10", "Seconds between heartbeats (> 0).", _G)
+STALL_DUMP_S: Final = _var("JOBTRACE_STALL_DUMP_S", "float", "60",
+                           "Seconds without progress before the main thread's stack is recorded.", _G)
+MEMORY_INTERVAL_S: Final = _var("JOBTRACE_MEMORY_INTERVAL_S", "float", "0.1",
+                                "Least seconds between two host-RSS samples at step ends (0: every step; CUDA "
+                                "counters are read every step).", _G)
+FLUSH_INTERVAL_S: Final = _var("JOBTRACE_FLUSH_INTERVAL_S", "float", "1",
+                               "Seconds between the export thread's batches (> 0). Longer spares each rank a wake-up "
+                               "a second, but a SIGKILL loses what came after the last batch.", _G)
+NATIVE: Final = _var("JOBTRACE_NATIVE", "bool", "1",
+                     "Use the compiled recorder where it is built (`0`: the Python recorder).", _G)
+LOCAL: Final = _var("JOBTRACE_LOCAL", "bool", "1",
+                    "Write the embedded store; `0` with a server configured ships to the server only.", _G)
+COMPACT: Final = _var("JOBTRACE_COMPACT", "bool", "1",
+                      "Each rank writes a Parquet segment and rollup of its lines when it exits (`0`: JSON lines "
+                      "only).", _G)
+
+# ---- reading a job --------------------------------------------------------------------------------
+_G = "trace-job"
+BACKEND: Final = _var("JOBTRACE_BACKEND", "choice", "local",
+                      "Where `trace-job` reads: `local`, `loki`, `victorialogs` or `elasticsearch`.", _G)
+MEMORY_LIMIT: Final = _var("JOBTRACE_MEMORY_LIMIT", "text", None,
+                           "DuckDB's memory limit while reading a job (`4GB`); past it, DuckDB spills to disk.", _G)
+THREADS: Final = _var("JOBTRACE_THREADS", "int", None, "DuckDB threads while reading a job (default: all cores).", _G)
+CACHE_SETTLED_S: Final = _var("JOBTRACE_CACHE_SETTLED_S", "float", "60",
+                              "A job whose files have not changed for this long counts as finished and gets a "
+                              "columnar cache.", _G)
+GRAFANA_URL: Final = _var("JOBTRACE_GRAFANA_URL", "url", None, "Grafana URL: findings link to Explore.", _G)
+GRAFANA_DATASOURCE: Final = _var("JOBTRACE_GRAFANA_DATASOURCE", "text", None,
+                                 "The Loki data source uid in Grafana, for the links.", _G)
+KIBANA_DATA_VIEW: Final = _var("JOBTRACE_KIBANA_DATA_VIEW", "text", None,
+                               "The Kibana data view id, for the links.", _G)
+
+
+# ---- servers --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServerVars:
+    """The names of one server's connection variables (``JOBTRACE_<PREFIX>_URL`` and the rest)."""
+
+    prefix: str
+    url: str
+    username: str
+    password: str
+    token: str
+    api_key: str
+    tenant: str
+    ca_file: str
+    client_cert: str
+    client_key: str
+    insecure: str
+
+    def file_of(self, secret: str) -> str:
+        """The ``_FILE`` variable that holds ``secret`` (a Docker or Kubernetes secret file)."""
+        return secret + "_FILE"
+
+
+def _server(prefix: str, label: str, tenant_doc: str, url_doc: str) -> ServerVars:
+    g = label
+    p = f"JOBTRACE_{prefix}"
+    names = ServerVars(
+        prefix=p,
+        url=_var(f"{p}_URL", "url", None, url_doc, g),
+        username=_var(f"{p}_USERNAME", "text", None, "Basic-auth user name.", g),
+        password=_var(f"{p}_PASSWORD", "secret", None, "Basic-auth password.", g),
+        token=_var(f"{p}_TOKEN", "secret", None, "Bearer token (`Authorization: Bearer …`).", g),
+        api_key=_var(f"{p}_API_KEY", "secret", None, "API key (`Authorization: ApiKey …`).", g),
+        tenant=_var(f"{p}_TENANT", "text", None, tenant_doc, g),
+        ca_file=_var(f"{p}_CA_FILE", "path", None, "A private CA bundle to verify the server with.", g),
+        client_cert=_var(f"{p}_CLIENT_CERT", "path", None, "Client certificate for mutual TLS.", g),
+        client_key=_var(f"{p}_CLIENT_KEY", "path", None, "Client key for mutual TLS.", g),
+        insecure=_var(f"{p}_INSECURE", "bool", "0", "Do not verify the server's TLS certificate.", g),
+    )
+    for secret in (names.password, names.token, names.api_key):
+        _var(names.file_of(secret), "path", None, f"A file holding `{secret}` (read at start, stripped).", g)
+    return names
+
+
+LOKI: Final = _server("LOKI", "Loki", "Tenant (`X-Scope-OrgID`).",
+                      "Ship every rank's events to this Loki (or VictoriaLogs' `…/insert/loki`).")
+_G = "Loki"
+LOKI_FORMAT: Final = _var("JOBTRACE_LOKI_FORMAT", "choice", "protobuf",
+                          "Push encoding: `protobuf` (snappy) or `json`.", _G)
+LOKI_GZIP: Final = _var("JOBTRACE_LOKI_GZIP", "bool", "0", "Gzip JSON pushes.", _G)
+LOKI_STRUCTURED_METADATA: Final = _var("JOBTRACE_LOKI_STRUCTURED_METADATA", "bool", "1",
+                                       "Send rank, trace id, span id and step as structured metadata (Loki 3.x); "
+                                       "`0` for older Loki.", _G)
+LOKI_LABELS: Final = _var("JOBTRACE_LOKI_LABELS", "list", None,
+                          "Extra static stream labels, `cluster=a,env=prod`.", _G)
+LOKI_BATCH_LINES: Final = _var("JOBTRACE_LOKI_BATCH_LINES", "int", "8192", "Most lines in one push.", _G)
+LOKI_BATCH_BYTES: Final = _var("JOBTRACE_LOKI_BATCH_BYTES", "int", "1048576", "Most bytes in one push.", _G)
+LOKI_MAX_LINE_BYTES: Final = _var("JOBTRACE_LOKI_MAX_LINE_BYTES", "int", "262144",
+                                  "Longer lines go to the dead-letter file unsent (Loki's `max_line_size`).", _G)
+LOKI_QUERY_LIMIT: Final = _var("JOBTRACE_LOKI_QUERY_LIMIT", "int", "5000",
+                               "Lines per query when `trace-job` reads Loki (at most the server's "
+                               "`max_entries_limit_per_query`).", _G)
+LOKI_QUERY_PARALLEL: Final = _var("JOBTRACE_LOKI_QUERY_PARALLEL", "int", "4",
+                                  "Queries in flight when `trace-job` reads Loki.", _G)
+
+VL: Final = _server("VL", "VictoriaLogs", "Tenant, `<AccountID>[:<ProjectID>]`.",
+                    "VictoriaLogs URL for `trace-job --backend victorialogs`.")
+VL_QUERY_PARALLEL: Final = _var("JOBTRACE_VL_QUERY_PARALLEL", "int", "4",
+                                "Queries in flight when `trace-job` reads VictoriaLogs.", "VictoriaLogs")
+
+ES: Final = _server("ES", "Elasticsearch and OpenSearch", "Not used by Elasticsearch.",
+                    "Ship every rank's events to this Elasticsearch 8/9 or OpenSearch 2.x.")
+_G = "Elasticsearch and OpenSearch"
+ES_NAMESPACE: Final = _var("JOBTRACE_ES_NAMESPACE", "text", "default",
+                           "Data stream namespace: `logs-jobtrace-<namespace>` and the rest.", _G)
+ES_SETUP: Final = _var("JOBTRACE_ES_SETUP", "choice", "auto",
+                       "`auto`: the shipper installs missing templates on first use; `off`: never.", _G)
+ES_FLAVOR: Final = _var("JOBTRACE_ES_FLAVOR", "choice", None,
+                        "`elasticsearch`, `opensearch` or `victorialogs` (default: detected from `GET /`).", _G)
+ES_BATCH_LINES: Final = _var("JOBTRACE_ES_BATCH_LINES", "int", "2000", "Most documents in one `_bulk` request.", _G)
+ES_BATCH_BYTES: Final = _var("JOBTRACE_ES_BATCH_BYTES", "int", "4194304", "Most bytes in one `_bulk` request.", _G)
+ES_COMPRESS: Final = _var("JOBTRACE_ES_COMPRESS", "bool", "0", "Gzip `_bulk` requests.", _G)
+ES_LOGS_RETENTION: Final = _var("JOBTRACE_ES_LOGS_RETENTION", "text", "7d",
+                                "How long logs and heartbeats are kept (`7d`, `2w`, `1y`).", _G)
+ES_METRICS_RETENTION: Final = _var("JOBTRACE_ES_METRICS_RETENTION", "text", "365d",
+                                   "How long metric points and step spans are kept.", _G)
+ES_TRACES_RETENTION: Final = _var("JOBTRACE_ES_TRACES_RETENTION", "text", None,
+                                  "How long phase, collective and user spans are kept (default: as logs).", _G)
+
+KIBANA: Final = _server("KIBANA", "Kibana", "Not used by Kibana.",
+                        "Kibana or OpenSearch Dashboards: `jobtrace setup` imports the saved objects, and findings "
+                        "link to Discover. Credentials default to the `JOBTRACE_ES_*` ones.")
+
+_SERVERS: Final = {s.prefix: s for s in (LOKI, VL, ES, KIBANA)}
+
+# ---- read from the OpenTelemetry standard, not ours --------------------------------------------------
+_G = "OpenTelemetry (standard variables)"
+OTLP_ENDPOINT: Final = _var("OTEL_EXPORTER_OTLP_ENDPOINT", "url", None,
+                            "Also send spans over OTLP/HTTP to this Collector, Tempo or Jaeger (`/v1/traces` is "
+                            "added).", _G)
+OTLP_TRACES_ENDPOINT: Final = _var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "url", None,
+                                   "The same, the full traces URL.", _G)
+OTEL_SERVICE_NAME: Final = _var("OTEL_SERVICE_NAME", "text", None,
+                                "`service.name` of the job's spans (default `training`) and documents (default "
+                                "`jobtrace`).", _G)
+TRACEPARENT: Final = _var("TRACEPARENT", "text", None,
+                          "A W3C trace context from the launcher: its trace id is used for the job.", _G)
+
+
+# ---- reading ------------------------------------------------------------------------------------------
+def environ() -> Mapping[str, str]:
+    """The process environment: the one place the product reads it (tests pass their own mappings)."""
+    return os.environ
+
+
+def _raw(name: str, env: Mapping[str, str] | None) -> str | None:
+    value = (environ() if env is None else env).get(name)
+    return None if value is None or value.strip() == "" else value.strip()
+
+
+def get_str(name: str, env: Mapping[str, str] | None = None, default: str | None = None) -> str | None:
+    """The variable's text, or ``default`` when unset or empty."""
+    value = _raw(name, env)
+    return default if value is None else value
+
+
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+def get_bool(name: str, env: Mapping[str, str] | None = None, default: bool = False) -> bool:
+    """The variable as a boolean in the one dialect (see the module docstring)."""
+    value = _raw(name, env)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean: use 1/true/yes/on or 0/false/no/off")
+
+
+def get_int(name: str, env: Mapping[str, str] | None = None, default: int | None = None, *,
+            minimum: int | None = None) -> int | None:
+    """The variable as a whole number of at least ``minimum``, or ``default`` when unset."""
+    value = _raw(name, env)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a whole number") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{name}={value!r} must be at least {minimum}")
+    return number
+
+
+def get_float(name: str, env: Mapping[str, str] | None = None, default: float | None = None, *,
+              minimum: float | None = None, positive: bool = False) -> float | None:
+    """The variable as a finite number (``positive``: above 0; ``minimum``: at least that), or ``default``."""
+    value = _raw(name, env)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ConfigError(f"{name}={value!r} is not a finite number")
+    if positive and number <= 0:
+        raise ConfigError(f"{name}={value!r} must be above 0")
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{name}={value!r} must be at least {minimum:g}")
+    return number
+
+
+def get_choice(name: str, choices: tuple[str, ...], env: Mapping[str, str] | None = None,
+               default: str | None = None) -> str | None:
+    """The variable as one of ``choices`` (compared in lower case), or ``default``."""
+    value = _raw(name, env)
+    if value is None:
+        return default
+    if value.lower() not in choices:
+        raise ConfigError(f"{name}={value!r}: use {' or '.join(choices)}")
+    return value.lower()
+
+
+def get_secret(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """A secret from ``<name>_FILE`` (a mounted secret file, stripped) or from ``<name>`` itself.
+
+    The error names the variable and the reason, never the value.
+    """
+    path = _raw(name + "_FILE", env)
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {name}_FILE: {exc.strerror}") from None
+    return _raw(name, env)
+
+
+def server_vars(prefix: str) -> ServerVars:
+    """The connection variables of the server whose variables start with ``prefix`` (``JOBTRACE_LOKI``…)."""
+    try:
+        return _SERVERS[prefix.rstrip("_")]
+    except KeyError:
+        raise ConfigError(f"no server variables start with {prefix!r}; one of {', '.join(_SERVERS)}") from None
+
+
+# ---- settings, read once ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TracingSettings:
+    """What ``init_tracing`` reads from the environment (arguments win over these)."""
+
+    data_dir: str = "jobtrace-data"
+    disabled: bool = False
+    heartbeat_s: float = 10.0
+    stall_dump_s: float = 60.0
+    memory_interval_s: float = 0.1
+    flush_interval_s: float = 1.0
+    native: bool = True
+    local_store: bool = True
+    compact: bool = True
+    otlp_endpoint: str | None = None
+    otlp_traces_endpoint: str | None = None
+    service_name: str | None = None
+    servers: dict[str, str] = field(default_factory=dict)
+    """The network backends with a URL configured: ``{"loki": url, "elasticsearch": url}``."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TracingSettings:
+        servers = {backend: url for backend, url in (("loki", get_str(LOKI.url, env)),
+                                                      ("elasticsearch", get_str(ES.url, env))) if url}
+        return cls(
+            data_dir=get_str(DATA_DIR, env, cls.data_dir) or cls.data_dir,
+            disabled=get_bool(DISABLE, env, False),
+            heartbeat_s=_float(get_float(HEARTBEAT_S, env, positive=True), cls.heartbeat_s),
+            stall_dump_s=_float(get_float(STALL_DUMP_S, env, minimum=0.0), cls.stall_dump_s),
+            memory_interval_s=_float(get_float(MEMORY_INTERVAL_S, env, minimum=0.0), cls.memory_interval_s),
+            flush_interval_s=_float(get_float(FLUSH_INTERVAL_S, env, positive=True), cls.flush_interval_s),
+            native=get_bool(NATIVE, env, True),
+            local_store=get_bool(LOCAL, env, True),
+            compact=get_bool(COMPACT, env, True),
+            otlp_endpoint=get_str(OTLP_ENDPOINT, env),
+            otlp_traces_endpoint=get_str(OTLP_TRACES_ENDPOINT, env),
+            service_name=get_str(OTEL_SERVICE_NAME, env),
+            servers=servers,
+        )
+
+
+def _float(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+# ---- the reference page --------------------------------------------------------------------------------
+def markdown() -> str:
+    """``docs/configuration.md``: every variable by group, generated from :data:`VARIABLES`."""
+    out = [
+        "# Configuration",
+        "",
+        "<!-- Generated by `python -m jobtrace.config > docs/configuration.md`; a test fails when it is stale. -->",
+        "",
+        "Every environment variable jobtrace reads. Arguments of `init_tracing()` and command-line flags win over",
+        "these; these win over the launcher's own variables (`RANK`, `SLURM_PROCID`, …; identity only).",
+        "",
+        "Booleans: `1`, `true`, `yes`, `on` or `0`, `false`, `no`, `off` (any case); an empty value is unset; anything",
+        "else stops with an error that names the variable. Secrets (`*_PASSWORD`, `*_TOKEN`, `*_API_KEY`) may",
+        "instead be read from a file named by the same variable with `_FILE` appended; they never appear in",
+        "logs, errors or reports.",
+    ]
+    groups: dict[str, list[Variable]] = {}
+    for v in VARIABLES.values():
+        groups.setdefault(v.group, []).append(v)
+    for group, variables in groups.items():
+        out += ["", f"## {group}", "", "| variable | kind | default | meaning |", "| --- | --- | --- | --- |"]
+        for v in variables:
+            default = f"`{v.default}`" if v.default is not None else ""
+            out.append(f"| `{v.name}` | {v.kind} | {default} | {v.doc} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
