@@ -21,9 +21,12 @@ same two things under their own group names. From these alone:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._model import AnalysisConfig, EventRef, Finding, RankSummary, as_json, rows, span_list
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["analyze_hang", "last_logs", "stack_dump"]
 
@@ -32,7 +35,7 @@ _SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_
                         "reduce_scatter", "reduce_scatter_tensor", "barrier"})
 
 
-def analyze_hang(con: Any, cfg: AnalysisConfig, ranks: list[dict[str, Any]], t_max: int,
+def analyze_hang(con: DuckDBPyConnection, cfg: AnalysisConfig, ranks: list[dict[str, Any]], t_max: int,
                  by_rank: dict[int, RankSummary]) -> tuple[list[Finding], dict[str, Any]]:
     findings = _completed_mismatches(con, cfg, by_rank)
     thr = cfg.stall_s * 1e9
@@ -77,7 +80,7 @@ def analyze_hang(con: Any, cfg: AnalysisConfig, ranks: list[dict[str, Any]], t_m
     return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
 
 
-def _pending(con: Any, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
+def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
     """Per stuck rank, the collectives its latest heartbeats (one per source) say it is inside."""
     if not stuck:
         return {}
@@ -107,7 +110,7 @@ def _pending(con: Any, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict
     return pending
 
 
-def _wavefronts(con: Any, pending_lists: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _wavefronts(con: DuckDBPyConnection, pending_lists: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per group with a waiting rank: the slot most wait in, who waits, who never joined, who mismatches."""
     if not pending_lists:
         return []
@@ -175,7 +178,7 @@ def _doing(r: dict[str, Any]) -> str:
     return "no span recorded"
 
 
-def _culprit_finding(con: Any, r: dict[str, Any], why: str, is_silent: bool, t_max: int, waves: list[dict[str, Any]],
+def _culprit_finding(con: DuckDBPyConnection, r: dict[str, Any], why: str, is_silent: bool, t_max: int, waves: list[dict[str, Any]],
                      primary: dict[str, Any] | None, wave_txt: str, by_rank: dict[int, RankSummary]) -> Finding:
     rank = r["rank"]
     by_rank[rank].status = "silent" if is_silent else "stalled"
@@ -216,7 +219,7 @@ def _beat_refs(pending: dict[int, list[dict[str, Any]]], ranks: list[int]) -> li
     return [EventRef(r, int(p["ts"]), "heartbeat") for r in ranks for p in pending.get(r, [])[:1]]
 
 
-def _mismatch_finding(con: Any, w: dict[str, Any], by_rank: dict[int, RankSummary], hung: bool) -> Finding:
+def _mismatch_finding(con: DuckDBPyConnection, w: dict[str, Any], by_rank: dict[int, RankSummary], hung: bool) -> Finding:
     culprits = sorted(w["mismatched"])
     for r in culprits:
         by_rank[r].status = "mismatch"
@@ -236,7 +239,7 @@ def _mismatch_finding(con: Any, w: dict[str, Any], by_rank: dict[int, RankSummar
     return f
 
 
-def _completed_mismatches(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary]) -> list[Finding]:
+def _completed_mismatches(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary]) -> list[Finding]:
     """Collectives that completed (or failed) with different ops or sizes in one (group, seq) slot."""
     same = ",".join(repr(o) for o in sorted(_SAME_SIZE))
     # Cheap first pass (min/max per slot), lists only for the few slots that disagree.
@@ -268,7 +271,7 @@ def _completed_mismatches(con: Any, cfg: AnalysisConfig, by_rank: dict[int, Rank
     return out
 
 
-def last_logs(con: Any, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
+def last_logs(con: DuckDBPyConnection, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
     out = rows(
         con,
         """SELECT ts, level, logger, msg, exc, step, span_id FROM events WHERE rank = ? AND kind = 'log'
@@ -284,7 +287,7 @@ def last_logs(con: Any, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
     return lines
 
 
-def stack_dump(con: Any, rank: int) -> dict[str, Any] | None:
+def stack_dump(con: DuckDBPyConnection, rank: int) -> dict[str, Any] | None:
     """The latest main-thread stack the heartbeat thread recorded for this rank."""
     out = rows(
         con,

@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._model import AnalysisConfig, EventRef, Finding, RankSummary, ids, ms, rows, span_list
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["analyze_health", "breakdown", "rolling_median"]
 
 
-def analyze_health(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str, n_steps: int,
+def analyze_health(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str, n_steps: int,
                    window: int) -> list[Finding]:
     out: list[Finding] = []
     out += _nonfinite(con, "loss", "loss_nan", "loss is NaN/Inf")
@@ -50,13 +53,13 @@ def analyze_health(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary
     return out
 
 
-def _metric_refs(con: Any, where: str, params: list[Any], limit: int = 10) -> list[EventRef]:
+def _metric_refs(con: DuckDBPyConnection, where: str, params: list[Any], limit: int = 10) -> list[EventRef]:
     out = rows(con, f"SELECT rank, step, ts, span_id FROM mets WHERE {where} ORDER BY step, rank LIMIT {int(limit)}",
                params)
     return [EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in out]
 
 
-def _nonfinite(con: Any, col: str, kind: str, what: str) -> list[Finding]:
+def _nonfinite(con: DuckDBPyConnection, col: str, kind: str, what: str) -> list[Finding]:
     bad = f"(isnan({col}) OR isinf({col}))"
     first = rows(con, f"""SELECT min(step) AS step, count(*) AS n, list(DISTINCT node) AS nodes
                           FROM mets WHERE {col} IS NOT NULL AND {bad}""")[0]
@@ -72,7 +75,7 @@ def _nonfinite(con: Any, col: str, kind: str, what: str) -> list[Finding]:
     return [f.cite(_metric_refs(con, f"{bad} AND step = ?", [first["step"]]))]
 
 
-def _loss_spikes(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _loss_spikes(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     n = int(cfg.spike_window)
     spikes = rows(
         con,
@@ -107,7 +110,7 @@ def _loss_spikes(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _grad_norm(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     out = []
     if cfg.grad_norm_max is not None:
         hi = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks,
@@ -144,7 +147,7 @@ def _grad_norm(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _loss_scale(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _loss_scale(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     ls = rows(con, """SELECT min(step) FILTER (WHERE loss_scale <= ?) AS step, count(*) FILTER (WHERE loss_scale <= ?) AS n,
                              max(loss_scale) AS peak, list(DISTINCT rank ORDER BY rank) FILTER (WHERE loss_scale <= ?) AS ranks,
                              arg_min(loss_scale, step) FILTER (WHERE loss_scale <= ?) AS first_value
@@ -159,7 +162,7 @@ def _loss_scale(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return [f.cite(_metric_refs(con, "loss_scale <= ?", [cfg.loss_scale_min]))]
 
 
-def _lr(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     out = []
     bad = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks
                        FROM mets WHERE lr IS NOT NULL AND (NOT isfinite(lr) OR lr < 0)""")[0]
@@ -198,7 +201,7 @@ def _lr(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
+def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str) -> list[Finding]:
     has = rows(con, "SELECT count(cuda_allocated_bytes) AS cuda, count(rss_bytes) AS rss FROM mets")[0]
     if has["cuda"]:
         col, label = "cuda_allocated_bytes", "CUDA allocated memory"
@@ -259,7 +262,7 @@ def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
     return [f.cite(refs)]
 
 
-def _data_wait(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str) -> list[Finding]:
+def _data_wait(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str) -> list[Finding]:
     per = rows(
         con,
         f"""SELECT rank, any_value(node) AS node, median(data_ns) AS data_ns, median(step_ns) AS step_ns,
@@ -301,7 +304,7 @@ def rolling_median(values: list[float], width: int) -> list[float]:
     return [statistics.median(values[max(0, i - h): i + h + 1]) for i in range(len(values))]
 
 
-def _throughput(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
+def _throughput(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
     per = rows(con, f"SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {warm} GROUP BY step ORDER BY step")
     if len(per) < 4 * window:
         return []  # too short to tell a drop from noise
@@ -337,7 +340,7 @@ def _throughput(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[F
     return [f.cite([EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in refs])]
 
 
-def breakdown(con: Any, warm: str, window: int) -> dict[str, Any]:
+def breakdown(con: DuckDBPyConnection, warm: str, window: int) -> dict[str, Any]:
     """HTA-style temporal breakdown of the job, and the communication share per window."""
     tot = rows(con, f"""SELECT sum(step_ns) AS step, sum(compute_ns) AS compute, sum(coll_ns) AS coll,
                                sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {warm}""")[0]
@@ -363,7 +366,7 @@ def breakdown(con: Any, warm: str, window: int) -> dict[str, Any]:
     }
 
 
-def _comm_trend(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
+def _comm_trend(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
     b = breakdown(con, warm, window)
     wins = b.get("windows", [])
     if len(wins) < 4:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import orjson
+
+if TYPE_CHECKING:  # annotations only: the store opens the connection, so duckdb is loaded by then anyway
+    from duckdb import DuckDBPyConnection
 
 __all__ = [
     "AnalysisConfig",
@@ -226,9 +229,14 @@ def _finite(obj: Any) -> Any:
 # ---- helpers shared by the analysis modules --------------------------------------------------
 
 
-def rows(con: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    """Run a query and return its rows as dicts."""
-    cur = con.execute(sql, params or [])
+def rows(con: DuckDBPyConnection, sql: str,
+         params: Sequence[object] | Mapping[str, object] | None = None) -> list[dict[str, Any]]:
+    """Run a query and return its rows as dicts keyed by column name.
+
+    ``params`` are DuckDB's: a sequence for ``?`` placeholders, a mapping for ``$name`` ones.
+    Rows stay ``Any``-valued: a column's type is the query's, which mypy cannot see.
+    """
+    cur = con.execute(sql, params if params is not None else [])
     names = [c[0] for c in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
 

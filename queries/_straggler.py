@@ -25,9 +25,12 @@ Definitions (all on the ``steps`` and ``colls`` tables, so any backend gives the
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows, span_list
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["analyze_stragglers", "late_arrivals", "window_size"]
 
@@ -38,7 +41,7 @@ def window_size(cfg: AnalysisConfig, n_steps: int) -> int:
     return max(5, min(100, n_steps // 8))
 
 
-def late_arrivals(con: Any, n_ranks: int) -> dict[str, Any]:
+def late_arrivals(con: DuckDBPyConnection, n_ranks: int) -> dict[str, Any]:
     """Per collective instance, who arrived last and by how much; summed per rank and op."""
     con.execute(
         """
@@ -75,7 +78,7 @@ def _late_threshold(cfg: AnalysisConfig, n_ranks: int) -> float:
 
 
 def analyze_stragglers(
-    con: Any,
+    con: DuckDBPyConnection,
     cfg: AnalysisConfig,
     ranks: list[dict[str, Any]],
     by_rank: dict[int, RankSummary],
@@ -171,7 +174,7 @@ def late_arrival_findings(cfg: AnalysisConfig, late: dict[str, Any], by_rank: di
     return out
 
 
-def _windows(con: Any, cfg: AnalysisConfig, warm: str, w: int) -> dict[int, dict[str, Any]]:
+def _windows(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, w: int) -> dict[int, dict[str, Any]]:
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE rank_windows AS
@@ -218,7 +221,7 @@ def _node_summaries(timed: list[dict[str, Any]], late: dict[str, Any], by_rank: 
     return out
 
 
-def _chronic(con: Any, cfg: AnalysisConfig, slow: list[dict[str, Any]], timed: list[dict[str, Any]],
+def _chronic(con: DuckDBPyConnection, cfg: AnalysisConfig, slow: list[dict[str, Any]], timed: list[dict[str, Any]],
              by_rank: dict[int, RankSummary], ref: float, late: dict[str, Any]) -> list[Finding]:
     slow_ids = {r["rank"] for r in slow}
     ranks_per_node: dict[str, list[int]] = {}
@@ -306,7 +309,7 @@ def _onset(slow_steps: list[int], window_start: int, cfg: AnalysisConfig) -> int
     return window_start
 
 
-def _slow_steps(con: Any, ranks: list[int], factor: float) -> list[int]:
+def _slow_steps(con: DuckDBPyConnection, ranks: list[int], factor: float) -> list[int]:
     out = rows(
         con,
         f"""WITH m AS (SELECT step, median(compute_ns) AS med FROM steps GROUP BY step)
@@ -318,7 +321,7 @@ def _slow_steps(con: Any, ranks: list[int], factor: float) -> list[int]:
     return [r["step"] for r in out]
 
 
-def _step_refs(con: Any, ranks: list[int], lo: int | None, hi: int | None, limit: int = 10,
+def _step_refs(con: DuckDBPyConnection, ranks: list[int], lo: int | None, hi: int | None, limit: int = 10,
                only: list[int] | None = None) -> list[EventRef]:
     where = f"rank IN ({ids(ranks)})"
     if only:
@@ -332,7 +335,7 @@ def _step_refs(con: Any, ranks: list[int], lo: int | None, hi: int | None, limit
     return [EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in out]
 
 
-def _one_offs(con: Any, cfg: AnalysisConfig, warm: str, named: set[int], by_rank: dict[int, RankSummary],
+def _one_offs(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, named: set[int], by_rank: dict[int, RankSummary],
               n_steps: int) -> list[Finding]:
     """Single long steps of a rank that is otherwise not slow: a one-off stall, not chronic lag."""
     out = rows(
