@@ -68,15 +68,14 @@ def analyze_hang(con: DuckDBPyConnection, cfg: AnalysisConfig, ranks: list[dict[
                                          wave_txt, by_rank))
     if not culprits and not mismatched and primary:
         for rank in primary["waiting"]:
-            by_rank[rank].status = "waiting"
+            by_rank[rank].propose("waiting")
         f = Finding("hang", "error",
                     f"job hung: {wave_txt}, and no rank is outside it (suspect the network or a rank that left "
                     "the group)", primary["waiting"], sorted({by_rank[r].node for r in primary["waiting"]}),
                     details={"wavefront": wave_txt, "wave": primary})
         findings.append(f.cite(_beat_refs(pending, primary["waiting"])))
     for rank in waiting:
-        if by_rank[rank].status == "ok":
-            by_rank[rank].status = "waiting"
+        by_rank[rank].propose("waiting")
     return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
 
 
@@ -181,7 +180,7 @@ def _doing(r: dict[str, Any]) -> str:
 def _culprit_finding(con: DuckDBPyConnection, r: dict[str, Any], why: str, is_silent: bool, t_max: int, waves: list[dict[str, Any]],
                      primary: dict[str, Any] | None, wave_txt: str, by_rank: dict[int, RankSummary]) -> Finding:
     rank = r["rank"]
-    by_rank[rank].status = "silent" if is_silent else "stalled"
+    by_rank[rank].propose("silent" if is_silent else "stalled")
     quiet_s = (t_max - (r["last_progress"] or r["last_ts"])) / 1e9
     how = "silent (no heartbeat or event)" if is_silent else "stalled (alive, no progress)"
     doing = _doing(r)
@@ -222,7 +221,7 @@ def _beat_refs(pending: dict[int, list[dict[str, Any]]], ranks: list[int]) -> li
 def _mismatch_finding(con: DuckDBPyConnection, w: dict[str, Any], by_rank: dict[int, RankSummary], hung: bool) -> Finding:
     culprits = sorted(w["mismatched"])
     for r in culprits:
-        by_rank[r].status = "mismatch"
+        by_rank[r].propose("mismatch")
     what = "; ".join(f"rank {r} in {v}" for r, v in sorted(w["mismatched"].items()))
     size = f" ({w['bytes']} bytes)" if w["bytes"] is not None else ""
     summary = (f"collective mismatch in group {w['group']} at #{w['seq']}: ranks {span_list(w['waiting'])} call "

@@ -291,8 +291,7 @@ def _data_wait(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, 
                 ranks, sorted({p["node"] for p in slow}), [], [],
                 {"share": round(share, 3), "data_ms": round(data_ms, 3), "input_bound_job": everyone})
     for r in ranks:
-        if by_rank[r].status == "ok":
-            by_rank[r].status = "data"
+        by_rank[r].propose("data")
     spans = rows(con, f"""SELECT rank, step, ts, span_id FROM events WHERE kind = 'span' AND cat = 'phase'
                           AND name = 'data' AND rank IN ({ids(ranks)}) ORDER BY dur DESC LIMIT 10""")
     return [f.cite([EventRef(s["rank"], int(s["ts"]), "span", s["step"], s["span_id"], "data") for s in spans])]

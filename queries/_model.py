@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, Mapping, Sequence
 
 import orjson
 
@@ -138,6 +138,46 @@ class Finding:
         return self
 
 
+Status = Literal["silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok"]
+"""What :attr:`RankSummary.status` can say (the renderer colours each; see :data:`STATUS_PRECEDENCE`)."""
+
+STATUS_PRECEDENCE: Final[tuple[Status, ...]] = (
+    "silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok",
+)
+"""Which status a rank shows when several checks name it: the one earlier here.
+
+The checks propose statuses independently (:meth:`RankSummary.propose`), so what a rank
+shows is the most urgent thing said about it, whichever check ran first. Each beats the next:
+
+* ``silent`` (nothing at all, not even a heartbeat, for ``stall_s``) over ``stalled``: both
+  make the rank a hang's culprit, but silence says the process or its host is gone, the
+  stronger statement (the hang check proposes only one of the two for a rank);
+* ``stalled`` (alive, no progress, outside the wavefront) over ``mismatch``: a mismatched
+  collective the job lived through is history, the stall is what the job is stuck on now
+  (a rank that hangs *in* a mismatched collective is proposed as ``mismatch`` only);
+* ``mismatch`` (called another op, size or sequence number than its group) over
+  ``waiting``: a mismatched rank is a cause, a rank in the wavefront only its victim;
+* ``waiting`` over ``slow``: while the job hangs its speed is moot, the hang is what to fix;
+* ``slow`` (chronic lag or a slow episode, from window medians) over ``stalls``: the
+  windows are the stronger evidence than a count of long single steps;
+* ``stalls`` (many long single steps) over ``data``: the long steps name where to look,
+  while a data share is a median that is often the same on every rank;
+* ``data`` (input-bound) over ``late``: late arrival is reported for ranks that nothing
+  else explains, so whatever else a rank shows is the reason it arrives last;
+* ``late`` over ``ok``.
+
+The order is the one the checks' call order and ``if status == "ok"`` guards produced
+before this table existed: statuses set unconditionally (mismatch, then stalled/silent
+over it, in the hang check) above the guarded ones, and those in the order analyze()
+called them (hang, stragglers, health, late arrival), first come first served. One
+case came out the other way: a hang with no culprit set its waiting ranks to ``waiting``
+over a ``mismatch`` of an earlier, completed collective; the table keeps ``mismatch``
+there as everywhere else.
+"""
+
+_PRECEDENCE: Final[dict[str, int]] = {s: i for i, s in enumerate(STATUS_PRECEDENCE)}
+
+
 @dataclass
 class RankSummary:
     rank: int
@@ -150,6 +190,7 @@ class RankSummary:
     last_step: int | None
     last_seen_s: float
     status: str = "ok"
+    """One of :data:`STATUS_PRECEDENCE`; checks set it with :meth:`propose` only."""
     score: float | None = None
     """Relative straggler score: the fastest rank's median compute ÷ this rank's (1 = fastest)."""
     individual_score: float | None = None
@@ -163,6 +204,15 @@ class RankSummary:
     comm_share: float | None = None
     data_share: float | None = None
     idle_ms: float | None = None
+
+    def propose(self, status: Status) -> None:
+        """Show ``status`` unless the rank already shows one :data:`STATUS_PRECEDENCE` puts first.
+
+        Every check names a rank through here, never by assigning :attr:`status`, so the
+        verdict does not depend on the order the checks run in.
+        """
+        if _PRECEDENCE[status] < _PRECEDENCE.get(self.status, len(_PRECEDENCE)):
+            self.status = status
 
 
 @dataclass

@@ -140,8 +140,7 @@ def analyze_stragglers(
              "window_steps": w, "chronic": False},
         )
         findings.append(f.cite(_step_refs(con, [r["rank"]], wr["first_slow"], wr["last_slow"])))
-        if by_rank[r["rank"]].status == "ok":
-            by_rank[r["rank"]].status = "slow"
+        by_rank[r["rank"]].propose("slow")
     named = {x for f in findings for x in f.ranks}
     findings += _one_offs(con, cfg, warm, named, by_rank, n_steps)
     info["reference_compute_ms"] = ms(ref)
@@ -169,8 +168,8 @@ def late_arrival_findings(cfg: AnalysisConfig, late: dict[str, Any], by_rank: di
             [rank], [node], [], [], {"last_arrivals": lr["n_last"], "instances": total, "share": round(share, 3),
                                      "late_ms": ms(lr["lead_ns"])},
         ))
-        if rank in by_rank and by_rank[rank].status == "ok":
-            by_rank[rank].status = "late"
+        if rank in by_rank:
+            by_rank[rank].propose("late")
     return out
 
 
@@ -283,8 +282,7 @@ def _chronic(con: DuckDBPyConnection, cfg: AnalysisConfig, slow: list[dict[str, 
             f"{late_txt}"
         )
         for r in members:
-            if by_rank[r["rank"]].status == "ok":
-                by_rank[r["rank"]].status = "slow"
+            by_rank[r["rank"]].propose("slow")
         f = Finding(
             kind, "warning", summary, member_ids, sorted({r["node"] for r in members}),
             [steps[0], steps[-1]] if steps else [], [],
@@ -390,6 +388,6 @@ def _one_offs(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, named: se
              "score": rsum.score, "windows_slow": rsum.slow_windows, "windows": rsum.windows},
         )
         findings.append(f.cite([EventRef(rank, int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in rs]))
-        if rsum.status == "ok" and many:
-            rsum.status = "stalls"
+        if many:
+            rsum.propose("stalls")
     return findings
