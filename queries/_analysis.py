@@ -29,7 +29,7 @@ from ._golden import GoldenProfile, compare_to_golden
 from ._hang import analyze_hang
 from ._health import analyze_health, breakdown
 from ._links import LinkConfig, attach_links
-from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, ms, rows
+from ._model import AFTER_WARMUP, AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, ms, rows
 from ._store import JobData
 from ._straggler import analyze_stragglers, late_arrival_findings, late_arrivals, window_size
 from ._tables import build_tables
@@ -62,7 +62,8 @@ def analyze(
     )[0]
     n_steps = step_info["n"] or 0
     first_step = step_info["lo"]
-    warm = f"step >= {int(first_step) + cfg.warmup_steps}" if n_steps >= cfg.warmup_steps + 2 else "true"
+    # Leave the warm-up steps out of per-step statistics, unless that would leave fewer than two steps.
+    warm_from = int(first_step) + cfg.warmup_steps if n_steps >= cfg.warmup_steps + 2 else None
 
     ranks = rows(
         con,
@@ -71,10 +72,11 @@ def analyze(
             SELECT rank, count(*) AS n, median(step_ns) AS step_ns, median(compute_ns) AS compute_ns,
                    median(coll_ns) AS coll_ns, median(data_ns) AS data_ns, median(idle_ns) AS idle_ns,
                    sum(coll_ns) / nullif(sum(step_ns), 0) AS comm_share
-            FROM steps WHERE {warm} GROUP BY rank)
+            FROM steps WHERE {AFTER_WARMUP} GROUP BY rank)
         SELECT r.*, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
         FROM ranks r LEFT JOIN s USING (rank) ORDER BY rank
         """,
+        {"warm_from": warm_from},
     )
     head = {
         "t_min": min(r["first_ts"] for r in ranks), "ranks": len(ranks),
@@ -106,9 +108,9 @@ def analyze(
     findings: list[Finding] = []
     hang_findings, hang_info = analyze_hang(con, cfg, ranks, t_max, by_rank)
     findings += hang_findings
-    slow_findings, per_node, straggler_info = analyze_stragglers(con, cfg, ranks, by_rank, warm, n_steps, late)
+    slow_findings, per_node, straggler_info = analyze_stragglers(con, cfg, ranks, by_rank, warm_from, n_steps, late)
     findings += slow_findings
-    findings += analyze_health(con, cfg, by_rank, warm, n_steps, window)
+    findings += analyze_health(con, cfg, by_rank, warm_from, n_steps, window)
     named = {r for f in findings if f.severity in ("error", "warning") for r in f.ranks}
     named |= {r for f in findings if f.kind in ("transient_stall", "job_pause") for r in f.ranks}
     findings += late_arrival_findings(cfg, late, by_rank, named)
@@ -160,7 +162,7 @@ def analyze(
         per_step=per_step,
         findings=findings,
         per_node=per_node,
-        breakdown=breakdown(con, warm, window),
+        breakdown=breakdown(con, warm_from, window),
         collectives=collectives,
         golden=report_golden,
         t_min=head["t_min"],

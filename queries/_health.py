@@ -29,7 +29,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from ._model import AnalysisConfig, EventRef, Finding, RankSummary, ids, ms, rows, span_list
+from ._model import AFTER_WARMUP, AnalysisConfig, EventRef, Finding, RankSummary, ids, ms, rows, span_list
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["analyze_health", "breakdown", "rolling_median"]
 
 
-def analyze_health(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str, n_steps: int,
+def analyze_health(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm_from: int | None, n_steps: int,
                    window: int) -> list[Finding]:
     out: list[Finding] = []
     out += _nonfinite(con, "loss", "loss_nan", "loss is NaN/Inf")
@@ -46,10 +46,10 @@ def analyze_health(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[i
     out += _grad_norm(con, cfg)
     out += _loss_scale(con, cfg)
     out += _lr(con, cfg)
-    out += _leaks(con, cfg, warm)
-    out += _data_wait(con, cfg, by_rank, warm)
-    out += _throughput(con, cfg, warm, window)
-    out += _comm_trend(con, cfg, warm, window)
+    out += _leaks(con, cfg, warm_from)
+    out += _data_wait(con, cfg, by_rank, warm_from)
+    out += _throughput(con, cfg, warm_from, window)
+    out += _comm_trend(con, cfg, warm_from, window)
     return out
 
 
@@ -201,7 +201,7 @@ def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str) -> list[Finding]:
+def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None) -> list[Finding]:
     has = rows(con, "SELECT count(cuda_allocated_bytes) AS cuda, count(rss_bytes) AS rss FROM mets")[0]
     if has["cuda"]:
         col, label = "cuda_allocated_bytes", "CUDA allocated memory"
@@ -212,7 +212,7 @@ def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str) -> list[Find
     min_bytes = cfg.leak_min_mb * 1024 * 1024
     leaks = rows(
         con,
-        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets WHERE {col} IS NOT NULL AND ({warm})),
+        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets WHERE {col} IS NOT NULL AND {AFTER_WARMUP}),
             f AS (SELECT *, min(m) OVER (PARTITION BY rank ORDER BY step DESC
                                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS floor FROM x),
             g AS (SELECT *, floor - lag(floor) OVER (PARTITION BY rank ORDER BY step) AS inc FROM f),
@@ -220,7 +220,8 @@ def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str) -> list[Find
                          max(inc) AS max_inc, count(*) FILTER (WHERE inc > 0) AS n_inc, min(step) AS s0,
                          max(step) AS s1, arg_max(m, step) AS last_m
                   FROM g GROUP BY rank),
-            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest(?, ? * f0) AND max_inc <= 0.5 * (f1 - f0) AND n_inc >= 3),
+            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest($min_bytes, $min_frac * f0) AND max_inc <= 0.5 * (f1 - f0)
+                                  AND n_inc >= 3),
             y AS (SELECT g.rank, g.step, lead(g.step) OVER (PARTITION BY g.rank ORDER BY g.step) AS next_step,
                          (g.step - l.s0)::DOUBLE AS x, (g.m - l.f0) / 1048576.0 AS y
                   FROM g JOIN l USING (rank)),
@@ -240,7 +241,7 @@ def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str) -> list[Find
                       FROM fit WHERE cxx > 0 AND cxy > 0 GROUP BY rank)
             SELECT l.rank, l.node, l.f0, l.f1, l.s1, l.n_inc, coalesce(start.start, l.s0) AS start
             FROM l LEFT JOIN start USING (rank) ORDER BY l.rank""",
-        [min_bytes, cfg.leak_min_frac],
+        {"warm_from": warm_from, "min_bytes": min_bytes, "min_frac": cfg.leak_min_frac},
     )
     if not leaks:
         return []
@@ -262,12 +263,14 @@ def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str) -> list[Find
     return [f.cite(refs)]
 
 
-def _data_wait(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str) -> list[Finding]:
+def _data_wait(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary],
+               warm_from: int | None) -> list[Finding]:
     per = rows(
         con,
         f"""SELECT rank, any_value(node) AS node, median(data_ns) AS data_ns, median(step_ns) AS step_ns,
                    count(*) FILTER (WHERE data_ns >= 0.5 * step_ns) AS io_steps, count(*) AS n
-            FROM steps WHERE {warm} GROUP BY rank ORDER BY rank""",
+            FROM steps WHERE {AFTER_WARMUP} GROUP BY rank ORDER BY rank""",
+        {"warm_from": warm_from},
     )
     for p in per:
         if p["rank"] in by_rank and p["step_ns"]:
@@ -303,8 +306,9 @@ def rolling_median(values: list[float], width: int) -> list[float]:
     return [statistics.median(values[max(0, i - h): i + h + 1]) for i in range(len(values))]
 
 
-def _throughput(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
-    per = rows(con, f"SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {warm} GROUP BY step ORDER BY step")
+def _throughput(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None, window: int) -> list[Finding]:
+    per = rows(con, f"""SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {AFTER_WARMUP}
+                        GROUP BY step ORDER BY step""", {"warm_from": warm_from})
     if len(per) < 4 * window:
         return []  # too short to tell a drop from noise
     smooth = rolling_median([p["ns"] for p in per], window)
@@ -339,20 +343,22 @@ def _throughput(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, window:
     return [f.cite([EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in refs])]
 
 
-def breakdown(con: DuckDBPyConnection, warm: str, window: int) -> dict[str, Any]:
+def breakdown(con: DuckDBPyConnection, warm_from: int | None, window: int) -> dict[str, Any]:
     """HTA-style temporal breakdown of the job, and the communication share per window."""
     tot = rows(con, f"""SELECT sum(step_ns) AS step, sum(compute_ns) AS compute, sum(coll_ns) AS coll,
-                               sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {warm}""")[0]
+                               sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {AFTER_WARMUP}""",
+               {"warm_from": warm_from})[0]
     if not tot["step"]:
         return {}
     per_win = rows(
         con,
         f"""WITH p AS (SELECT step, min(coll_ns) AS transfer, median(step_ns) AS st, sum(coll_ns) AS coll,
-                              sum(step_ns) AS total FROM steps WHERE {warm} GROUP BY step),
+                              sum(step_ns) AS total FROM steps WHERE {AFTER_WARMUP} GROUP BY step),
                  b AS (SELECT min(step) AS s0 FROM p)
             SELECT (step - b.s0) // {int(window)} AS win, min(step) AS s_lo, max(step) AS s_hi,
                    round(sum(coll) / sum(total), 4) AS comm_share, round(sum(transfer) / sum(st), 4) AS transfer_share
             FROM p, b GROUP BY win ORDER BY win""",
+        {"warm_from": warm_from},
     )
     step = tot["step"]
     return {
@@ -365,8 +371,8 @@ def breakdown(con: DuckDBPyConnection, warm: str, window: int) -> dict[str, Any]
     }
 
 
-def _comm_trend(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
-    b = breakdown(con, warm, window)
+def _comm_trend(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None, window: int) -> list[Finding]:
+    b = breakdown(con, warm_from, window)
     wins = b.get("windows", [])
     if len(wins) < 4:
         return []

@@ -291,6 +291,15 @@ def rows(con: DuckDBPyConnection, sql: str,
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
+AFTER_WARMUP: Final = "($warm_from IS NULL OR step >= $warm_from)"
+"""The filter that leaves the warm-up steps out, for a query bound with ``{"warm_from": ...}``.
+
+The bound travels as data (an int, or ``None`` when the job is too short to spare its
+first steps) and only this fixed text goes into SQL. ``None`` keeps every row, those
+without a step too, as the filter ``true`` did before the bound was a parameter.
+"""
+
+
 def ms(ns: float | None) -> float | None:
     return None if ns is None else round(ns / 1e6, 3)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows, span_list
+from ._model import AFTER_WARMUP, AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows, span_list
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -82,7 +82,7 @@ def analyze_stragglers(
     cfg: AnalysisConfig,
     ranks: list[dict[str, Any]],
     by_rank: dict[int, RankSummary],
-    warm: str,
+    warm_from: int | None,
     n_steps: int,
     late: dict[str, Any],
 ) -> tuple[list[Finding], list[NodeSummary], dict[str, Any]]:
@@ -103,7 +103,7 @@ def analyze_stragglers(
     for r in timed:
         by_rank[r["rank"]].score = round(fastest / r["compute_ns"], 3) if r["compute_ns"] else 1.0
 
-    per_rank_win = _windows(con, cfg, warm, w)
+    per_rank_win = _windows(con, cfg, warm_from, w)
     for rank, rw in per_rank_win.items():
         if rank in by_rank:
             by_rank[rank].individual_score = None if rw["ind_last"] is None else round(rw["ind_last"], 3)
@@ -142,7 +142,7 @@ def analyze_stragglers(
         findings.append(f.cite(_step_refs(con, [r["rank"]], wr["first_slow"], wr["last_slow"])))
         by_rank[r["rank"]].propose("slow")
     named = {x for f in findings for x in f.ranks}
-    findings += _one_offs(con, cfg, warm, named, by_rank, n_steps)
+    findings += _one_offs(con, cfg, warm_from, named, by_rank, n_steps)
     info["reference_compute_ms"] = ms(ref)
     info["fastest_compute_ms"] = ms(fastest)
     return findings, nodes, info
@@ -173,21 +173,22 @@ def late_arrival_findings(cfg: AnalysisConfig, late: dict[str, Any], by_rank: di
     return out
 
 
-def _windows(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, w: int) -> dict[int, dict[str, Any]]:
+def _windows(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None, w: int) -> dict[int, dict[str, Any]]:
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE rank_windows AS
-        WITH b AS (SELECT min(step) AS s0 FROM steps WHERE {warm}),
+        WITH b AS (SELECT min(step) AS s0 FROM steps WHERE {AFTER_WARMUP}),
         x AS (SELECT rank, (step - b.s0) // {int(w)} AS win, min(step) AS s_lo, max(step) AS s_hi,
                      median(compute_ns) AS c, count(*) AS n
-              FROM steps, b WHERE {warm} GROUP BY rank, win),
+              FROM steps, b WHERE {AFTER_WARMUP} GROUP BY rank, win),
         ref AS (SELECT win, min(c) AS fast, median(c) AS med FROM x GROUP BY win),
         best AS (SELECT rank, min(c) AS best FROM x GROUP BY rank)
         SELECT x.*, ref.fast, ref.med, ref.fast / nullif(x.c, 0) AS rel, best.best / nullif(x.c, 0) AS ind,
                coalesce(x.c >= {cfg.slow_factor} * ref.med AND x.c - ref.med >= {cfg.min_excess_ms * 1e6}
                         AND ref.fast / nullif(x.c, 0) < {cfg.straggler_score}, false) AS flagged
         FROM x JOIN ref USING (win) JOIN best USING (rank)
-        """
+        """,
+        {"warm_from": warm_from},
     )
     out = rows(
         con,
@@ -333,18 +334,20 @@ def _step_refs(con: DuckDBPyConnection, ranks: list[int], lo: int | None, hi: in
     return [EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in out]
 
 
-def _one_offs(con: DuckDBPyConnection, cfg: AnalysisConfig, warm: str, named: set[int], by_rank: dict[int, RankSummary],
+def _one_offs(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None, named: set[int],
+              by_rank: dict[int, RankSummary],
               n_steps: int) -> list[Finding]:
     """Single long steps of a rank that is otherwise not slow: a one-off stall, not chronic lag."""
     out = rows(
         con,
-        f"""WITH r AS (SELECT rank, median(step_ns - coll_ns) AS own_med FROM steps WHERE {warm} GROUP BY rank),
+        f"""WITH r AS (SELECT rank, median(step_ns - coll_ns) AS own_med FROM steps WHERE {AFTER_WARMUP} GROUP BY rank),
                  op AS (SELECT step, arg_max(op, dur) AS op, max(dur) AS wait FROM colls WHERE NOT is_async GROUP BY step)
             SELECT s.rank, s.node, s.step, s.step_ns - s.coll_ns AS own, r.own_med, s.t1, s.span_id, op.op, op.wait
             FROM steps s JOIN r USING (rank) LEFT JOIN op USING (step)
-            WHERE {warm} AND s.step_ns - s.coll_ns >= ? * r.own_med AND s.step_ns - s.coll_ns - r.own_med >= ?
+            WHERE {AFTER_WARMUP} AND s.step_ns - s.coll_ns >= $factor * r.own_med
+              AND s.step_ns - s.coll_ns - r.own_med >= $min_ns
             ORDER BY s.step_ns - s.coll_ns - r.own_med DESC LIMIT 500""",
-        [cfg.one_off_factor, cfg.one_off_min_ms * 1e6],
+        {"warm_from": warm_from, "factor": cfg.one_off_factor, "min_ns": cfg.one_off_min_ms * 1e6},
     )
     if not out:
         return []
