@@ -29,7 +29,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from ._model import AFTER_WARMUP, AnalysisConfig, EventRef, Finding, RankSummary, ids, ms, rows, span_list
+from ._model import AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, ids, ms, rows, span_list
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["analyze_health", "breakdown", "rolling_median"]
 
 
-def analyze_health(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm_from: int | None, n_steps: int,
-                   window: int) -> list[Finding]:
+def analyze_health(ctx: AnalysisContext) -> list[Finding]:
+    """Every rule of the module docstring, in its order; each reads what it needs from ``ctx``."""
+    con, cfg = ctx.con, ctx.cfg
     out: list[Finding] = []
     out += _nonfinite(con, "loss", "loss_nan", "loss is NaN/Inf")
     out += _nonfinite(con, "grad_norm", "grad_nan", "gradient norm is NaN/Inf")
@@ -46,10 +47,10 @@ def analyze_health(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[i
     out += _grad_norm(con, cfg)
     out += _loss_scale(con, cfg)
     out += _lr(con, cfg)
-    out += _leaks(con, cfg, warm_from)
-    out += _data_wait(con, cfg, by_rank, warm_from)
-    out += _throughput(con, cfg, warm_from, window)
-    out += _comm_trend(con, cfg, warm_from, window)
+    out += _leaks(ctx)
+    out += _data_wait(ctx)
+    out += _throughput(ctx)
+    out += _comm_trend(ctx)
     return out
 
 
@@ -201,7 +202,8 @@ def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None) -> list[Finding]:
+def _leaks(ctx: AnalysisContext) -> list[Finding]:
+    con, cfg = ctx.con, ctx.cfg
     has = rows(con, "SELECT count(cuda_allocated_bytes) AS cuda, count(rss_bytes) AS rss FROM mets")[0]
     if has["cuda"]:
         col, label = "cuda_allocated_bytes", "CUDA allocated memory"
@@ -241,7 +243,7 @@ def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None) 
                       FROM fit WHERE cxx > 0 AND cxy > 0 GROUP BY rank)
             SELECT l.rank, l.node, l.f0, l.f1, l.s1, l.n_inc, coalesce(start.start, l.s0) AS start
             FROM l LEFT JOIN start USING (rank) ORDER BY l.rank""",
-        {"warm_from": warm_from, "min_bytes": min_bytes, "min_frac": cfg.leak_min_frac},
+        ctx.warm_params(min_bytes=min_bytes, min_frac=cfg.leak_min_frac),
     )
     if not leaks:
         return []
@@ -263,14 +265,14 @@ def _leaks(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None) 
     return [f.cite(refs)]
 
 
-def _data_wait(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, RankSummary],
-               warm_from: int | None) -> list[Finding]:
+def _data_wait(ctx: AnalysisContext) -> list[Finding]:
+    con, cfg, by_rank = ctx.con, ctx.cfg, ctx.by_rank
     per = rows(
         con,
         f"""SELECT rank, any_value(node) AS node, median(data_ns) AS data_ns, median(step_ns) AS step_ns,
                    count(*) FILTER (WHERE data_ns >= 0.5 * step_ns) AS io_steps, count(*) AS n
             FROM steps WHERE {AFTER_WARMUP} GROUP BY rank ORDER BY rank""",
-        {"warm_from": warm_from},
+        ctx.warm_params(),
     )
     for p in per:
         if p["rank"] in by_rank and p["step_ns"]:
@@ -294,7 +296,7 @@ def _data_wait(con: DuckDBPyConnection, cfg: AnalysisConfig, by_rank: dict[int, 
                 ranks, sorted({p["node"] for p in slow}), [], [],
                 {"share": round(share, 3), "data_ms": round(data_ms, 3), "input_bound_job": everyone})
     for r in ranks:
-        by_rank[r].propose("data")
+        ctx.mark(r, "data")
     spans = rows(con, f"""SELECT rank, step, ts, span_id FROM events WHERE kind = 'span' AND cat = 'phase'
                           AND name = 'data' AND rank IN ({ids(ranks)}) ORDER BY dur DESC LIMIT 10""")
     return [f.cite([EventRef(s["rank"], int(s["ts"]), "span", s["step"], s["span_id"], "data") for s in spans])]
@@ -306,9 +308,10 @@ def rolling_median(values: list[float], width: int) -> list[float]:
     return [statistics.median(values[max(0, i - h): i + h + 1]) for i in range(len(values))]
 
 
-def _throughput(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None, window: int) -> list[Finding]:
+def _throughput(ctx: AnalysisContext) -> list[Finding]:
+    con, cfg, window = ctx.con, ctx.cfg, ctx.window
     per = rows(con, f"""SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {AFTER_WARMUP}
-                        GROUP BY step ORDER BY step""", {"warm_from": warm_from})
+                        GROUP BY step ORDER BY step""", ctx.warm_params())
     if len(per) < 4 * window:
         return []  # too short to tell a drop from noise
     smooth = rolling_median([p["ns"] for p in per], window)
@@ -343,11 +346,12 @@ def _throughput(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | N
     return [f.cite([EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in refs])]
 
 
-def breakdown(con: DuckDBPyConnection, warm_from: int | None, window: int) -> dict[str, Any]:
+def breakdown(ctx: AnalysisContext) -> dict[str, Any]:
     """HTA-style temporal breakdown of the job, and the communication share per window."""
+    con, window = ctx.con, ctx.window
     tot = rows(con, f"""SELECT sum(step_ns) AS step, sum(compute_ns) AS compute, sum(coll_ns) AS coll,
                                sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {AFTER_WARMUP}""",
-               {"warm_from": warm_from})[0]
+               ctx.warm_params())[0]
     if not tot["step"]:
         return {}
     per_win = rows(
@@ -358,7 +362,7 @@ def breakdown(con: DuckDBPyConnection, warm_from: int | None, window: int) -> di
             SELECT (step - b.s0) // {int(window)} AS win, min(step) AS s_lo, max(step) AS s_hi,
                    round(sum(coll) / sum(total), 4) AS comm_share, round(sum(transfer) / sum(st), 4) AS transfer_share
             FROM p, b GROUP BY win ORDER BY win""",
-        {"warm_from": warm_from},
+        ctx.warm_params(),
     )
     step = tot["step"]
     return {
@@ -371,8 +375,9 @@ def breakdown(con: DuckDBPyConnection, warm_from: int | None, window: int) -> di
     }
 
 
-def _comm_trend(con: DuckDBPyConnection, cfg: AnalysisConfig, warm_from: int | None, window: int) -> list[Finding]:
-    b = breakdown(con, warm_from, window)
+def _comm_trend(ctx: AnalysisContext) -> list[Finding]:
+    cfg = ctx.cfg
+    b = breakdown(ctx)
     wins = b.get("windows", [])
     if len(wins) < 4:
         return []

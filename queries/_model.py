@@ -2,7 +2,9 @@
 
 Everything here is plain data (dataclasses of numbers, strings, lists and dicts) so a
 :class:`Report` turns into JSON without custom encoders and reads the same from the
-rich renderer, the HTML timeline and a pipeline that gates on ``--json``.
+rich renderer, the HTML timeline and a pipeline that gates on ``--json``. The one
+exception is :class:`AnalysisContext`, what the checks are handed while a report is
+being made, which holds the job's connection and never leaves the analysis.
 """
 
 from __future__ import annotations
@@ -291,11 +293,49 @@ def rows(con: DuckDBPyConnection, sql: str,
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
+@dataclass(frozen=True)
+class AnalysisContext:
+    """What every check of one :func:`analyze` call reads, built once there.
+
+    One object instead of positional bundles (``con, cfg, ranks, by_rank, warm, n_steps,
+    late``, each check taking a different slice in a different order): a check names what
+    it reads, and an input added for one check does not reshuffle the others' arguments.
+    Frozen because the checks share it; what they may change is the summaries in
+    :attr:`by_rank`, and a rank's status only through :meth:`mark`.
+    """
+
+    con: DuckDBPyConnection
+    """The job's connection, its derived tables (``ranks``, ``steps``, ``colls``, ``mets``) built."""
+    cfg: AnalysisConfig
+    ranks: list[dict[str, Any]]
+    """One row per rank, by rank: the ``ranks`` table with its medians per step after warm-up."""
+    by_rank: dict[int, RankSummary]
+    """The summaries the report carries; the checks fill in scores, counts and shares."""
+    t_max: int
+    """The job's last event (ns): stalls are measured back from it, not from the wall clock."""
+    n_steps: int
+    first_step: int | None
+    window: int
+    """Steps per sliding window (``window_size``), the same for speed and health checks."""
+    warm_from: int | None
+    """The first step per-step statistics count; ``None`` counts every step (see :data:`AFTER_WARMUP`)."""
+    late: dict[str, Any]
+    """Who arrived last at each collective instance, per rank and op (``late_arrivals``)."""
+
+    def warm_params(self, **more: object) -> dict[str, object]:
+        """Named parameters for a query that filters with :data:`AFTER_WARMUP`, plus ``more``."""
+        return {"warm_from": self.warm_from, **more}
+
+    def mark(self, rank: int, status: Status) -> None:
+        """Propose ``status`` for ``rank``; which one it shows is :data:`STATUS_PRECEDENCE`'s call."""
+        self.by_rank[rank].propose(status)
+
+
 AFTER_WARMUP: Final = "($warm_from IS NULL OR step >= $warm_from)"
 """The filter that leaves the warm-up steps out, for a query bound with ``{"warm_from": ...}``.
 
-The bound travels as data (an int, or ``None`` when the job is too short to spare its
-first steps) and only this fixed text goes into SQL. ``None`` keeps every row, those
+The bound travels as data (:attr:`AnalysisContext.warm_from`: an int, or ``None`` when
+the job is too short to spare its first steps) and only this fixed text goes into SQL. ``None`` keeps every row, those
 without a step too, as the filter ``true`` did before the bound was a parameter.
 """
 
