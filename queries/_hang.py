@@ -79,7 +79,8 @@ def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
     return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
 
 
-def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
+def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]],
+             stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
     """Per stuck rank, the collectives its latest heartbeats (one per source) say it is inside."""
     if not stuck:
         return {}

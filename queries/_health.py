@@ -214,7 +214,8 @@ def _leaks(ctx: AnalysisContext) -> list[Finding]:
     min_bytes = cfg.leak_min_mb * 1024 * 1024
     leaks = rows(
         con,
-        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets WHERE {col} IS NOT NULL AND {AFTER_WARMUP}),
+        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets
+                       WHERE {col} IS NOT NULL AND {AFTER_WARMUP}),
             f AS (SELECT *, min(m) OVER (PARTITION BY rank ORDER BY step DESC
                                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS floor FROM x),
             g AS (SELECT *, floor - lag(floor) OVER (PARTITION BY rank ORDER BY step) AS inc FROM f),

@@ -28,7 +28,8 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from ._model import (
-    AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows, span_list,
+    AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows,
+    span_list,
 )
 
 if TYPE_CHECKING:
@@ -223,7 +224,8 @@ def _node_summaries(timed: list[dict[str, Any]], late: dict[str, Any], by_rank: 
     return out
 
 
-def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[str, Any]], ref: float) -> list[Finding]:
+def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[str, Any]],
+             ref: float) -> list[Finding]:
     """One finding per slow node (every rank of it slow, not every node) and per other chronically slow rank."""
     con, cfg, by_rank, late = ctx.con, ctx.cfg, ctx.by_rank, ctx.late
     slow_ids = {r["rank"] for r in slow}
