@@ -29,7 +29,9 @@ from ._golden import GoldenProfile, compare_to_golden
 from ._hang import analyze_hang
 from ._health import analyze_health, breakdown
 from ._links import LinkConfig, attach_links
-from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, ms, rows
+from ._model import (
+    AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, NodeSummary, RankSummary, Report, ms, rows,
+)
 from ._store import JobData
 from ._straggler import analyze_stragglers, late_arrival_findings, late_arrivals, window_size
 from jobtrace.store import build_tables
@@ -62,7 +64,8 @@ def analyze(
     )[0]
     n_steps = step_info["n"] or 0
     first_step = step_info["lo"]
-    warm = f"step >= {int(first_step) + cfg.warmup_steps}" if n_steps >= cfg.warmup_steps + 2 else "true"
+    # Leave the warm-up steps out of per-step statistics, unless that would leave fewer than two steps.
+    warm_from = int(first_step) + cfg.warmup_steps if n_steps >= cfg.warmup_steps + 2 else None
 
     ranks = rows(
         con,
@@ -71,10 +74,11 @@ def analyze(
             SELECT rank, count(*) AS n, median(step_ns) AS step_ns, median(compute_ns) AS compute_ns,
                    median(coll_ns) AS coll_ns, median(data_ns) AS data_ns, median(idle_ns) AS idle_ns,
                    sum(coll_ns) / nullif(sum(step_ns), 0) AS comm_share
-            FROM steps WHERE {warm} GROUP BY rank)
+            FROM steps WHERE {AFTER_WARMUP} GROUP BY rank)
         SELECT r.*, s.n, s.step_ns, s.compute_ns, s.coll_ns, s.data_ns, s.idle_ns, s.comm_share
         FROM ranks r LEFT JOIN s USING (rank) ORDER BY rank
         """,
+        {"warm_from": warm_from},
     )
     head = {
         "t_min": min(r["first_ts"] for r in ranks), "ranks": len(ranks),
@@ -100,18 +104,21 @@ def analyze(
         for r in ranks
     ]
     by_rank = {p.rank: p for p in per_rank}
-    window = window_size(cfg, n_steps)
+    ctx = AnalysisContext(con=con, cfg=cfg, ranks=ranks, by_rank=by_rank, t_max=t_max, n_steps=n_steps,
+                          first_step=first_step, window=window_size(cfg, n_steps), warm_from=warm_from,
+                          late=late_arrivals(con, len(ranks)))
 
-    late = late_arrivals(con, len(ranks))
+    # A rank's status does not depend on the order below: each check proposes, STATUS_PRECEDENCE
+    # decides. Late arrival comes last for its findings, which need to know what the others explain.
     findings: list[Finding] = []
-    hang_findings, hang_info = analyze_hang(con, cfg, ranks, t_max, by_rank)
+    hang_findings, hang_info = analyze_hang(ctx)
     findings += hang_findings
-    slow_findings, per_node, straggler_info = analyze_stragglers(con, cfg, ranks, by_rank, warm, n_steps, late)
+    slow_findings, per_node, straggler_info = analyze_stragglers(ctx)
     findings += slow_findings
-    findings += analyze_health(con, cfg, by_rank, warm, n_steps, window)
+    findings += analyze_health(ctx)
     named = {r for f in findings if f.severity in ("error", "warning") for r in f.ranks}
     named |= {r for f in findings if f.kind in ("transient_stall", "job_pause") for r in f.ranks}
-    findings += late_arrival_findings(cfg, late, by_rank, named)
+    findings += late_arrival_findings(ctx, named)
     for node in per_node:
         node.slow_ranks = [r for r in node.ranks if by_rank[r].status not in ("ok", "waiting")]
     findings += compare_to_golden(job, list(golden), cfg)
@@ -135,7 +142,7 @@ def analyze(
                           f"WHERE {key} IS NOT NULL GROUP BY rank)")[0]["total"]
         if value is not None:
             throughput[key] = round(value, 1)
-    collectives: dict[str, Any] = {"instances": late["instances"], "ops": late["ops"],
+    collectives: dict[str, Any] = {"instances": ctx.late["instances"], "ops": ctx.late["ops"],
                                    "window_steps": straggler_info.get("window_steps")}
     if hang_info:
         collectives["wavefront"] = hang_info.get("wavefront")
@@ -160,7 +167,7 @@ def analyze(
         per_step=per_step,
         findings=findings,
         per_node=per_node,
-        breakdown=breakdown(con, warm, window),
+        breakdown=breakdown(ctx),
         collectives=collectives,
         golden=report_golden,
         t_min=head["t_min"],

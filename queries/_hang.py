@@ -21,9 +21,12 @@ same two things under their own group names. From these alone:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._model import AnalysisConfig, EventRef, Finding, RankSummary, as_json, rows, span_list
+from ._model import AnalysisContext, EventRef, Finding, as_json, rows, span_list
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["analyze_hang", "last_logs", "stack_dump"]
 
@@ -32,10 +35,11 @@ _SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_
                         "reduce_scatter", "reduce_scatter_tensor", "barrier"})
 
 
-def analyze_hang(con: Any, cfg: AnalysisConfig, ranks: list[dict[str, Any]], t_max: int,
-                 by_rank: dict[int, RankSummary]) -> tuple[list[Finding], dict[str, Any]]:
-    findings = _completed_mismatches(con, cfg, by_rank)
-    thr = cfg.stall_s * 1e9
+def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
+    """Collective mismatches, stalled and silent ranks, and the wavefront; the wavefront info for the report."""
+    con, ranks, t_max, by_rank = ctx.con, ctx.ranks, ctx.t_max, ctx.by_rank
+    findings = _completed_mismatches(ctx)
+    thr = ctx.cfg.stall_s * 1e9
     silent = {r["rank"] for r in ranks if t_max - r["last_ts"] >= thr and not r["stopped"]}
     stuck = {r["rank"] for r in ranks if r["last_progress"] is None or t_max - r["last_progress"] >= thr}
     if not silent and not stuck:
@@ -57,27 +61,26 @@ def analyze_hang(con: Any, cfg: AnalysisConfig, ranks: list[dict[str, Any]], t_m
         culprits.setdefault(rank, "stuck")
     for w in waves:
         if w["mismatched"]:
-            findings.append(_mismatch_finding(con, w, by_rank, hung=True))
+            findings.append(_mismatch_finding(ctx, w, hung=True))
     for rank in sorted(culprits):
         if rank in mismatched:
             continue
-        findings.append(_culprit_finding(con, info[rank], culprits[rank], rank in silent, t_max, waves, primary,
-                                         wave_txt, by_rank))
+        findings.append(_culprit_finding(ctx, info[rank], culprits[rank], rank in silent, waves, primary, wave_txt))
     if not culprits and not mismatched and primary:
         for rank in primary["waiting"]:
-            by_rank[rank].status = "waiting"
+            ctx.mark(rank, "waiting")
         f = Finding("hang", "error",
                     f"job hung: {wave_txt}, and no rank is outside it (suspect the network or a rank that left "
                     "the group)", primary["waiting"], sorted({by_rank[r].node for r in primary["waiting"]}),
                     details={"wavefront": wave_txt, "wave": primary})
         findings.append(f.cite(_beat_refs(pending, primary["waiting"])))
     for rank in waiting:
-        if by_rank[rank].status == "ok":
-            by_rank[rank].status = "waiting"
+        ctx.mark(rank, "waiting")
     return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
 
 
-def _pending(con: Any, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
+def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]],
+             stuck: set[int]) -> dict[int, list[dict[str, Any]]]:
     """Per stuck rank, the collectives its latest heartbeats (one per source) say it is inside."""
     if not stuck:
         return {}
@@ -107,7 +110,7 @@ def _pending(con: Any, info: dict[int, dict[str, Any]], stuck: set[int]) -> dict
     return pending
 
 
-def _wavefronts(con: Any, pending_lists: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _wavefronts(con: DuckDBPyConnection, pending_lists: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per group with a waiting rank: the slot most wait in, who waits, who never joined, who mismatches."""
     if not pending_lists:
         return []
@@ -175,11 +178,12 @@ def _doing(r: dict[str, Any]) -> str:
     return "no span recorded"
 
 
-def _culprit_finding(con: Any, r: dict[str, Any], why: str, is_silent: bool, t_max: int, waves: list[dict[str, Any]],
-                     primary: dict[str, Any] | None, wave_txt: str, by_rank: dict[int, RankSummary]) -> Finding:
+def _culprit_finding(ctx: AnalysisContext, r: dict[str, Any], why: str, is_silent: bool, waves: list[dict[str, Any]],
+                     primary: dict[str, Any] | None, wave_txt: str) -> Finding:
+    con = ctx.con
     rank = r["rank"]
-    by_rank[rank].status = "silent" if is_silent else "stalled"
-    quiet_s = (t_max - (r["last_progress"] or r["last_ts"])) / 1e9
+    ctx.mark(rank, "silent" if is_silent else "stalled")
+    quiet_s = (ctx.t_max - (r["last_progress"] or r["last_ts"])) / 1e9
     how = "silent (no heartbeat or event)" if is_silent else "stalled (alive, no progress)"
     doing = _doing(r)
     missed = [w for w in waves if rank in w["missing"]]
@@ -216,10 +220,11 @@ def _beat_refs(pending: dict[int, list[dict[str, Any]]], ranks: list[int]) -> li
     return [EventRef(r, int(p["ts"]), "heartbeat") for r in ranks for p in pending.get(r, [])[:1]]
 
 
-def _mismatch_finding(con: Any, w: dict[str, Any], by_rank: dict[int, RankSummary], hung: bool) -> Finding:
+def _mismatch_finding(ctx: AnalysisContext, w: dict[str, Any], hung: bool) -> Finding:
+    by_rank = ctx.by_rank
     culprits = sorted(w["mismatched"])
     for r in culprits:
-        by_rank[r].status = "mismatch"
+        ctx.mark(r, "mismatch")
     what = "; ".join(f"rank {r} in {v}" for r, v in sorted(w["mismatched"].items()))
     size = f" ({w['bytes']} bytes)" if w["bytes"] is not None else ""
     summary = (f"collective mismatch in group {w['group']} at #{w['seq']}: ranks {span_list(w['waiting'])} call "
@@ -228,7 +233,7 @@ def _mismatch_finding(con: Any, w: dict[str, Any], by_rank: dict[int, RankSummar
                 [], {"group": w["group"], "seq": w["seq"], "expected_op": w["op"], "expected_bytes": w["bytes"],
                      "mismatched": {str(k): v for k, v in w["mismatched"].items()}, "majority": w["waiting"],
                      "hung": hung, "wavefront": _wave_text(w)})
-    stacks = [stack_dump(con, r) for r in culprits[:3]]
+    stacks = [stack_dump(ctx.con, r) for r in culprits[:3]]
     for r, s in zip(culprits, stacks):
         if s:
             f.evidence.append(f"rank {r} stack dump ({s['msg']}):\n{s['exc'].rstrip()}")
@@ -236,8 +241,9 @@ def _mismatch_finding(con: Any, w: dict[str, Any], by_rank: dict[int, RankSummar
     return f
 
 
-def _completed_mismatches(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary]) -> list[Finding]:
+def _completed_mismatches(ctx: AnalysisContext) -> list[Finding]:
     """Collectives that completed (or failed) with different ops or sizes in one (group, seq) slot."""
+    con, cfg = ctx.con, ctx.cfg
     same = ",".join(repr(o) for o in sorted(_SAME_SIZE))
     # Cheap first pass (min/max per slot), lists only for the few slots that disagree.
     bad = rows(
@@ -259,7 +265,7 @@ def _completed_mismatches(con: Any, cfg: AnalysisConfig, by_rank: dict[int, Rank
                for r, op, size in pairs if (op, size) != common}
         w = {"group": b["grp"], "seq": b["seq"], "op": common[0], "bytes": common[1], "waiting": major,
              "missing": [], "mismatched": odd, "group_size": len(pairs), "members_seen": len(pairs)}
-        f = _mismatch_finding(con, w, by_rank, hung=False)
+        f = _mismatch_finding(ctx, w, hung=False)
         if b["step"] is not None:
             f.steps = [b["step"]]
         refs = [EventRef(r, int(t), "span", b["step"], s, op) for r, op, s, t in
@@ -268,7 +274,7 @@ def _completed_mismatches(con: Any, cfg: AnalysisConfig, by_rank: dict[int, Rank
     return out
 
 
-def last_logs(con: Any, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
+def last_logs(con: DuckDBPyConnection, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
     out = rows(
         con,
         """SELECT ts, level, logger, msg, exc, step, span_id FROM events WHERE rank = ? AND kind = 'log'
@@ -284,7 +290,7 @@ def last_logs(con: Any, rank: int, n: int = 5) -> list[tuple[str, EventRef]]:
     return lines
 
 
-def stack_dump(con: Any, rank: int) -> dict[str, Any] | None:
+def stack_dump(con: DuckDBPyConnection, rank: int) -> dict[str, Any] | None:
     """The latest main-thread stack the heartbeat thread recorded for this rank."""
     out = rows(
         con,

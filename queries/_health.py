@@ -27,15 +27,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._model import AnalysisConfig, EventRef, Finding, RankSummary, ids, ms, rows, span_list
+from ._model import AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, ids, ms, rows, span_list
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["analyze_health", "breakdown", "rolling_median"]
 
 
-def analyze_health(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str, n_steps: int,
-                   window: int) -> list[Finding]:
+def analyze_health(ctx: AnalysisContext) -> list[Finding]:
+    """Every rule of the module docstring, in its order; each reads what it needs from ``ctx``."""
+    con, cfg = ctx.con, ctx.cfg
     out: list[Finding] = []
     out += _nonfinite(con, "loss", "loss_nan", "loss is NaN/Inf")
     out += _nonfinite(con, "grad_norm", "grad_nan", "gradient norm is NaN/Inf")
@@ -43,20 +47,20 @@ def analyze_health(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary
     out += _grad_norm(con, cfg)
     out += _loss_scale(con, cfg)
     out += _lr(con, cfg)
-    out += _leaks(con, cfg, warm)
-    out += _data_wait(con, cfg, by_rank, warm)
-    out += _throughput(con, cfg, warm, window)
-    out += _comm_trend(con, cfg, warm, window)
+    out += _leaks(ctx)
+    out += _data_wait(ctx)
+    out += _throughput(ctx)
+    out += _comm_trend(ctx)
     return out
 
 
-def _metric_refs(con: Any, where: str, params: list[Any], limit: int = 10) -> list[EventRef]:
+def _metric_refs(con: DuckDBPyConnection, where: str, params: list[Any], limit: int = 10) -> list[EventRef]:
     out = rows(con, f"SELECT rank, step, ts, span_id FROM mets WHERE {where} ORDER BY step, rank LIMIT {int(limit)}",
                params)
     return [EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in out]
 
 
-def _nonfinite(con: Any, col: str, kind: str, what: str) -> list[Finding]:
+def _nonfinite(con: DuckDBPyConnection, col: str, kind: str, what: str) -> list[Finding]:
     bad = f"(isnan({col}) OR isinf({col}))"
     first = rows(con, f"""SELECT min(step) AS step, count(*) AS n, list(DISTINCT node) AS nodes
                           FROM mets WHERE {col} IS NOT NULL AND {bad}""")[0]
@@ -72,7 +76,7 @@ def _nonfinite(con: Any, col: str, kind: str, what: str) -> list[Finding]:
     return [f.cite(_metric_refs(con, f"{bad} AND step = ?", [first["step"]]))]
 
 
-def _loss_spikes(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _loss_spikes(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     n = int(cfg.spike_window)
     spikes = rows(
         con,
@@ -107,7 +111,7 @@ def _loss_spikes(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _grad_norm(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     out = []
     if cfg.grad_norm_max is not None:
         hi = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks,
@@ -144,7 +148,7 @@ def _grad_norm(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _loss_scale(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _loss_scale(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     ls = rows(con, """SELECT min(step) FILTER (WHERE loss_scale <= ?) AS step, count(*) FILTER (WHERE loss_scale <= ?) AS n,
                              max(loss_scale) AS peak, list(DISTINCT rank ORDER BY rank) FILTER (WHERE loss_scale <= ?) AS ranks,
                              arg_min(loss_scale, step) FILTER (WHERE loss_scale <= ?) AS first_value
@@ -159,7 +163,7 @@ def _loss_scale(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return [f.cite(_metric_refs(con, "loss_scale <= ?", [cfg.loss_scale_min]))]
 
 
-def _lr(con: Any, cfg: AnalysisConfig) -> list[Finding]:
+def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     out = []
     bad = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks
                        FROM mets WHERE lr IS NOT NULL AND (NOT isfinite(lr) OR lr < 0)""")[0]
@@ -198,7 +202,8 @@ def _lr(con: Any, cfg: AnalysisConfig) -> list[Finding]:
     return out
 
 
-def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
+def _leaks(ctx: AnalysisContext) -> list[Finding]:
+    con, cfg = ctx.con, ctx.cfg
     has = rows(con, "SELECT count(cuda_allocated_bytes) AS cuda, count(rss_bytes) AS rss FROM mets")[0]
     if has["cuda"]:
         col, label = "cuda_allocated_bytes", "CUDA allocated memory"
@@ -209,7 +214,8 @@ def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
     min_bytes = cfg.leak_min_mb * 1024 * 1024
     leaks = rows(
         con,
-        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets WHERE {col} IS NOT NULL AND ({warm})),
+        f"""WITH x AS (SELECT rank, node, step, ts, span_id, {col} AS m FROM mets
+                       WHERE {col} IS NOT NULL AND {AFTER_WARMUP}),
             f AS (SELECT *, min(m) OVER (PARTITION BY rank ORDER BY step DESC
                                          ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS floor FROM x),
             g AS (SELECT *, floor - lag(floor) OVER (PARTITION BY rank ORDER BY step) AS inc FROM f),
@@ -217,7 +223,8 @@ def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
                          max(inc) AS max_inc, count(*) FILTER (WHERE inc > 0) AS n_inc, min(step) AS s0,
                          max(step) AS s1, arg_max(m, step) AS last_m
                   FROM g GROUP BY rank),
-            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest(?, ? * f0) AND max_inc <= 0.5 * (f1 - f0) AND n_inc >= 3),
+            l AS (SELECT * FROM r WHERE f1 - f0 >= greatest($min_bytes, $min_frac * f0) AND max_inc <= 0.5 * (f1 - f0)
+                                  AND n_inc >= 3),
             y AS (SELECT g.rank, g.step, lead(g.step) OVER (PARTITION BY g.rank ORDER BY g.step) AS next_step,
                          (g.step - l.s0)::DOUBLE AS x, (g.m - l.f0) / 1048576.0 AS y
                   FROM g JOIN l USING (rank)),
@@ -237,7 +244,7 @@ def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
                       FROM fit WHERE cxx > 0 AND cxy > 0 GROUP BY rank)
             SELECT l.rank, l.node, l.f0, l.f1, l.s1, l.n_inc, coalesce(start.start, l.s0) AS start
             FROM l LEFT JOIN start USING (rank) ORDER BY l.rank""",
-        [min_bytes, cfg.leak_min_frac],
+        ctx.warm_params(min_bytes=min_bytes, min_frac=cfg.leak_min_frac),
     )
     if not leaks:
         return []
@@ -259,12 +266,14 @@ def _leaks(con: Any, cfg: AnalysisConfig, warm: str) -> list[Finding]:
     return [f.cite(refs)]
 
 
-def _data_wait(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], warm: str) -> list[Finding]:
+def _data_wait(ctx: AnalysisContext) -> list[Finding]:
+    con, cfg, by_rank = ctx.con, ctx.cfg, ctx.by_rank
     per = rows(
         con,
         f"""SELECT rank, any_value(node) AS node, median(data_ns) AS data_ns, median(step_ns) AS step_ns,
                    count(*) FILTER (WHERE data_ns >= 0.5 * step_ns) AS io_steps, count(*) AS n
-            FROM steps WHERE {warm} GROUP BY rank ORDER BY rank""",
+            FROM steps WHERE {AFTER_WARMUP} GROUP BY rank ORDER BY rank""",
+        ctx.warm_params(),
     )
     for p in per:
         if p["rank"] in by_rank and p["step_ns"]:
@@ -288,8 +297,7 @@ def _data_wait(con: Any, cfg: AnalysisConfig, by_rank: dict[int, RankSummary], w
                 ranks, sorted({p["node"] for p in slow}), [], [],
                 {"share": round(share, 3), "data_ms": round(data_ms, 3), "input_bound_job": everyone})
     for r in ranks:
-        if by_rank[r].status == "ok":
-            by_rank[r].status = "data"
+        ctx.mark(r, "data")
     spans = rows(con, f"""SELECT rank, step, ts, span_id FROM events WHERE kind = 'span' AND cat = 'phase'
                           AND name = 'data' AND rank IN ({ids(ranks)}) ORDER BY dur DESC LIMIT 10""")
     return [f.cite([EventRef(s["rank"], int(s["ts"]), "span", s["step"], s["span_id"], "data") for s in spans])]
@@ -301,8 +309,10 @@ def rolling_median(values: list[float], width: int) -> list[float]:
     return [statistics.median(values[max(0, i - h): i + h + 1]) for i in range(len(values))]
 
 
-def _throughput(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
-    per = rows(con, f"SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {warm} GROUP BY step ORDER BY step")
+def _throughput(ctx: AnalysisContext) -> list[Finding]:
+    con, cfg, window = ctx.con, ctx.cfg, ctx.window
+    per = rows(con, f"""SELECT step, median(step_ns) AS ns, max(t1) AS t1 FROM steps WHERE {AFTER_WARMUP}
+                        GROUP BY step ORDER BY step""", ctx.warm_params())
     if len(per) < 4 * window:
         return []  # too short to tell a drop from noise
     smooth = rolling_median([p["ns"] for p in per], window)
@@ -337,20 +347,23 @@ def _throughput(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[F
     return [f.cite([EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in refs])]
 
 
-def breakdown(con: Any, warm: str, window: int) -> dict[str, Any]:
+def breakdown(ctx: AnalysisContext) -> dict[str, Any]:
     """HTA-style temporal breakdown of the job, and the communication share per window."""
+    con, window = ctx.con, ctx.window
     tot = rows(con, f"""SELECT sum(step_ns) AS step, sum(compute_ns) AS compute, sum(coll_ns) AS coll,
-                               sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {warm}""")[0]
+                               sum(data_ns) AS data, sum(idle_ns) AS idle FROM steps WHERE {AFTER_WARMUP}""",
+               ctx.warm_params())[0]
     if not tot["step"]:
         return {}
     per_win = rows(
         con,
         f"""WITH p AS (SELECT step, min(coll_ns) AS transfer, median(step_ns) AS st, sum(coll_ns) AS coll,
-                              sum(step_ns) AS total FROM steps WHERE {warm} GROUP BY step),
+                              sum(step_ns) AS total FROM steps WHERE {AFTER_WARMUP} GROUP BY step),
                  b AS (SELECT min(step) AS s0 FROM p)
             SELECT (step - b.s0) // {int(window)} AS win, min(step) AS s_lo, max(step) AS s_hi,
                    round(sum(coll) / sum(total), 4) AS comm_share, round(sum(transfer) / sum(st), 4) AS transfer_share
             FROM p, b GROUP BY win ORDER BY win""",
+        ctx.warm_params(),
     )
     step = tot["step"]
     return {
@@ -363,8 +376,9 @@ def breakdown(con: Any, warm: str, window: int) -> dict[str, Any]:
     }
 
 
-def _comm_trend(con: Any, cfg: AnalysisConfig, warm: str, window: int) -> list[Finding]:
-    b = breakdown(con, warm, window)
+def _comm_trend(ctx: AnalysisContext) -> list[Finding]:
+    cfg = ctx.cfg
+    b = breakdown(ctx)
     wins = b.get("windows", [])
     if len(wins) < 4:
         return []

@@ -2,16 +2,21 @@
 
 Everything here is plain data (dataclasses of numbers, strings, lists and dicts) so a
 :class:`Report` turns into JSON without custom encoders and reads the same from the
-rich renderer, the HTML timeline and a pipeline that gates on ``--json``.
+rich renderer, the HTML timeline and a pipeline that gates on ``--json``. The one
+exception is :class:`AnalysisContext`, what the checks are handed while a report is
+being made, which holds the job's connection and never leaves the analysis.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, Literal, Mapping, Sequence
 
 import orjson
+
+if TYPE_CHECKING:  # annotations only: the store opens the connection, so duckdb is loaded by then anyway
+    from duckdb import DuckDBPyConnection
 
 __all__ = [
     "AnalysisConfig",
@@ -135,6 +140,46 @@ class Finding:
         return self
 
 
+Status = Literal["silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok"]
+"""What :attr:`RankSummary.status` can say (the renderer colours each; see :data:`STATUS_PRECEDENCE`)."""
+
+STATUS_PRECEDENCE: Final[tuple[Status, ...]] = (
+    "silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok",
+)
+"""Which status a rank shows when several checks name it: the one earlier here.
+
+The checks propose statuses independently (:meth:`RankSummary.propose`), so what a rank
+shows is the most urgent thing said about it, whichever check ran first. Each beats the next:
+
+* ``silent`` (nothing at all, not even a heartbeat, for ``stall_s``) over ``stalled``: both
+  make the rank a hang's culprit, but silence says the process or its host is gone, the
+  stronger statement (the hang check proposes only one of the two for a rank);
+* ``stalled`` (alive, no progress, outside the wavefront) over ``mismatch``: a mismatched
+  collective the job lived through is history, the stall is what the job is stuck on now
+  (a rank that hangs *in* a mismatched collective is proposed as ``mismatch`` only);
+* ``mismatch`` (called another op, size or sequence number than its group) over
+  ``waiting``: a mismatched rank is a cause, a rank in the wavefront only its victim;
+* ``waiting`` over ``slow``: while the job hangs its speed is moot, the hang is what to fix;
+* ``slow`` (chronic lag or a slow episode, from window medians) over ``stalls``: the
+  windows are the stronger evidence than a count of long single steps;
+* ``stalls`` (many long single steps) over ``data``: the long steps name where to look,
+  while a data share is a median that is often the same on every rank;
+* ``data`` (input-bound) over ``late``: late arrival is reported for ranks that nothing
+  else explains, so whatever else a rank shows is the reason it arrives last;
+* ``late`` over ``ok``.
+
+The order is the one the checks' call order and ``if status == "ok"`` guards produced
+before this table existed: statuses set unconditionally (mismatch, then stalled/silent
+over it, in the hang check) above the guarded ones, and those in the order analyze()
+called them (hang, stragglers, health, late arrival), first come first served. One
+case came out the other way: a hang with no culprit set its waiting ranks to ``waiting``
+over a ``mismatch`` of an earlier, completed collective; the table keeps ``mismatch``
+there as everywhere else.
+"""
+
+_PRECEDENCE: Final[dict[str, int]] = {s: i for i, s in enumerate(STATUS_PRECEDENCE)}
+
+
 @dataclass
 class RankSummary:
     rank: int
@@ -147,6 +192,7 @@ class RankSummary:
     last_step: int | None
     last_seen_s: float
     status: str = "ok"
+    """One of :data:`STATUS_PRECEDENCE`; checks set it with :meth:`propose` only."""
     score: float | None = None
     """Relative straggler score: the fastest rank's median compute ÷ this rank's (1 = fastest)."""
     individual_score: float | None = None
@@ -160,6 +206,15 @@ class RankSummary:
     comm_share: float | None = None
     data_share: float | None = None
     idle_ms: float | None = None
+
+    def propose(self, status: Status) -> None:
+        """Show ``status`` unless the rank already shows one :data:`STATUS_PRECEDENCE` puts first.
+
+        Every check names a rank through here, never by assigning :attr:`status`, so the
+        verdict does not depend on the order the checks run in.
+        """
+        if _PRECEDENCE[status] < _PRECEDENCE.get(self.status, len(_PRECEDENCE)):
+            self.status = status
 
 
 @dataclass
@@ -226,11 +281,63 @@ def _finite(obj: Any) -> Any:
 # ---- helpers shared by the analysis modules --------------------------------------------------
 
 
-def rows(con: Any, sql: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
-    """Run a query and return its rows as dicts."""
-    cur = con.execute(sql, params or [])
+def rows(con: DuckDBPyConnection, sql: str,
+         params: Sequence[object] | Mapping[str, object] | None = None) -> list[dict[str, Any]]:
+    """Run a query and return its rows as dicts keyed by column name.
+
+    ``params`` are DuckDB's: a sequence for ``?`` placeholders, a mapping for ``$name`` ones.
+    Rows stay ``Any``-valued: a column's type is the query's, which mypy cannot see.
+    """
+    cur = con.execute(sql, params if params is not None else [])
     names = [c[0] for c in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class AnalysisContext:
+    """What every check of one :func:`analyze` call reads, built once there.
+
+    One object instead of positional bundles (``con, cfg, ranks, by_rank, warm, n_steps,
+    late``, each check taking a different slice in a different order): a check names what
+    it reads, and an input added for one check does not reshuffle the others' arguments.
+    Frozen because the checks share it; what they may change is the summaries in
+    :attr:`by_rank`, and a rank's status only through :meth:`mark`.
+    """
+
+    con: DuckDBPyConnection
+    """The job's connection, its derived tables (``ranks``, ``steps``, ``colls``, ``mets``) built."""
+    cfg: AnalysisConfig
+    ranks: list[dict[str, Any]]
+    """One row per rank, by rank: the ``ranks`` table with its medians per step after warm-up."""
+    by_rank: dict[int, RankSummary]
+    """The summaries the report carries; the checks fill in scores, counts and shares."""
+    t_max: int
+    """The job's last event (ns): stalls are measured back from it, not from the wall clock."""
+    n_steps: int
+    first_step: int | None
+    window: int
+    """Steps per sliding window (``window_size``), the same for speed and health checks."""
+    warm_from: int | None
+    """The first step per-step statistics count; ``None`` counts every step (see :data:`AFTER_WARMUP`)."""
+    late: dict[str, Any]
+    """Who arrived last at each collective instance, per rank and op (``late_arrivals``)."""
+
+    def warm_params(self, **more: object) -> dict[str, object]:
+        """Named parameters for a query that filters with :data:`AFTER_WARMUP`, plus ``more``."""
+        return {"warm_from": self.warm_from, **more}
+
+    def mark(self, rank: int, status: Status) -> None:
+        """Propose ``status`` for ``rank``; which one it shows is :data:`STATUS_PRECEDENCE`'s call."""
+        self.by_rank[rank].propose(status)
+
+
+AFTER_WARMUP: Final = "($warm_from IS NULL OR step >= $warm_from)"
+"""The filter that leaves the warm-up steps out, for a query bound with ``{"warm_from": ...}``.
+
+The bound travels as data (:attr:`AnalysisContext.warm_from`: an int, or ``None`` when
+the job is too short to spare its first steps) and only this fixed text goes into SQL. ``None`` keeps every row, those
+without a step too, as the filter ``true`` did before the bound was a parameter.
+"""
 
 
 def ms(ns: float | None) -> float | None:

@@ -25,20 +25,27 @@ Definitions (all on the ``steps`` and ``colls`` tables, so any backend gives the
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._model import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows, span_list
+from ._model import (
+    AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows,
+    span_list,
+)
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 __all__ = ["analyze_stragglers", "late_arrivals", "window_size"]
 
 
 def window_size(cfg: AnalysisConfig, n_steps: int) -> int:
+    """Steps per sliding window: ``window_steps`` when set, else an eighth of the job within 5–100."""
     if cfg.window_steps > 0:
         return cfg.window_steps
     return max(5, min(100, n_steps // 8))
 
 
-def late_arrivals(con: Any, n_ranks: int) -> dict[str, Any]:
+def late_arrivals(con: DuckDBPyConnection, n_ranks: int) -> dict[str, Any]:
     """Per collective instance, who arrived last and by how much; summed per rank and op."""
     con.execute(
         """
@@ -74,19 +81,16 @@ def _late_threshold(cfg: AnalysisConfig, n_ranks: int) -> float:
     return max(cfg.late_share, min(0.9, 2.0 / max(n_ranks, 1)))
 
 
-def analyze_stragglers(
-    con: Any,
-    cfg: AnalysisConfig,
-    ranks: list[dict[str, Any]],
-    by_rank: dict[int, RankSummary],
-    warm: str,
-    n_steps: int,
-    late: dict[str, Any],
-) -> tuple[list[Finding], list[NodeSummary], dict[str, Any]]:
-    """Slow ranks/nodes, slow episodes, one-off stalls and late arrivers; node summaries."""
+def analyze_stragglers(ctx: AnalysisContext) -> tuple[list[Finding], list[NodeSummary], dict[str, Any]]:
+    """Slow ranks/nodes, slow episodes and one-off stalls; node summaries; window info for the report.
+
+    Late arrivers get their findings from :func:`late_arrival_findings` once every other check
+    has run, since only the ranks nothing else explains are reported as late.
+    """
+    con, cfg, by_rank, late = ctx.con, ctx.cfg, ctx.by_rank, ctx.late
     findings: list[Finding] = []
-    timed = [r for r in ranks if r["compute_ns"] is not None]
-    w = window_size(cfg, n_steps)
+    timed = [r for r in ctx.ranks if r["compute_ns"] is not None]
+    w = ctx.window
     info: dict[str, Any] = {"window_steps": w}
     # Late arrival counts go on every rank, whether or not it is slow.
     for rank, lr in late["per_rank"].items():
@@ -100,7 +104,7 @@ def analyze_stragglers(
     for r in timed:
         by_rank[r["rank"]].score = round(fastest / r["compute_ns"], 3) if r["compute_ns"] else 1.0
 
-    per_rank_win = _windows(con, cfg, warm, w)
+    per_rank_win = _windows(ctx)
     for rank, rw in per_rank_win.items():
         if rank in by_rank:
             by_rank[rank].individual_score = None if rw["ind_last"] is None else round(rw["ind_last"], 3)
@@ -124,7 +128,7 @@ def analyze_stragglers(
         elif wr["nf"] >= 2:  # one window of a few steps is noise or a one-off stall, reported apart
             episodic.append(r | {"_w": wr})
     if chronic:
-        findings += _chronic(con, cfg, chronic, timed, by_rank, ref, late)
+        findings += _chronic(ctx, chronic, timed, ref)
     for r in episodic:
         wr = r["_w"]
         f = Finding(
@@ -137,18 +141,17 @@ def analyze_stragglers(
              "window_steps": w, "chronic": False},
         )
         findings.append(f.cite(_step_refs(con, [r["rank"]], wr["first_slow"], wr["last_slow"])))
-        if by_rank[r["rank"]].status == "ok":
-            by_rank[r["rank"]].status = "slow"
+        ctx.mark(r["rank"], "slow")
     named = {x for f in findings for x in f.ranks}
-    findings += _one_offs(con, cfg, warm, named, by_rank, n_steps)
+    findings += _one_offs(ctx, named)
     info["reference_compute_ms"] = ms(ref)
     info["fastest_compute_ms"] = ms(fastest)
     return findings, nodes, info
 
 
-def late_arrival_findings(cfg: AnalysisConfig, late: dict[str, Any], by_rank: dict[int, RankSummary],
-                          named: set[int]) -> list[Finding]:
-    """Ranks that arrive last at most collectives and that no other finding explains."""
+def late_arrival_findings(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
+    """Ranks that arrive last at most collectives and that no other finding explains (``named`` are explained)."""
+    cfg, late, by_rank = ctx.cfg, ctx.late, ctx.by_rank
     total = late["instances"]
     if total < 10:  # too few collectives to call a habit
         return []
@@ -166,26 +169,29 @@ def late_arrival_findings(cfg: AnalysisConfig, late: dict[str, Any], by_rank: di
             [rank], [node], [], [], {"last_arrivals": lr["n_last"], "instances": total, "share": round(share, 3),
                                      "late_ms": ms(lr["lead_ns"])},
         ))
-        if rank in by_rank and by_rank[rank].status == "ok":
-            by_rank[rank].status = "late"
+        if rank in by_rank:
+            ctx.mark(rank, "late")
     return out
 
 
-def _windows(con: Any, cfg: AnalysisConfig, warm: str, w: int) -> dict[int, dict[str, Any]]:
+def _windows(ctx: AnalysisContext) -> dict[int, dict[str, Any]]:
+    """Per rank, its windows' verdicts (flagged or not), from the ``rank_windows`` table built here."""
+    con, cfg, w = ctx.con, ctx.cfg, ctx.window
     con.execute(
         f"""
         CREATE OR REPLACE TEMP TABLE rank_windows AS
-        WITH b AS (SELECT min(step) AS s0 FROM steps WHERE {warm}),
+        WITH b AS (SELECT min(step) AS s0 FROM steps WHERE {AFTER_WARMUP}),
         x AS (SELECT rank, (step - b.s0) // {int(w)} AS win, min(step) AS s_lo, max(step) AS s_hi,
                      median(compute_ns) AS c, count(*) AS n
-              FROM steps, b WHERE {warm} GROUP BY rank, win),
+              FROM steps, b WHERE {AFTER_WARMUP} GROUP BY rank, win),
         ref AS (SELECT win, min(c) AS fast, median(c) AS med FROM x GROUP BY win),
         best AS (SELECT rank, min(c) AS best FROM x GROUP BY rank)
         SELECT x.*, ref.fast, ref.med, ref.fast / nullif(x.c, 0) AS rel, best.best / nullif(x.c, 0) AS ind,
                coalesce(x.c >= {cfg.slow_factor} * ref.med AND x.c - ref.med >= {cfg.min_excess_ms * 1e6}
                         AND ref.fast / nullif(x.c, 0) < {cfg.straggler_score}, false) AS flagged
         FROM x JOIN ref USING (win) JOIN best USING (rank)
-        """
+        """,
+        ctx.warm_params(),
     )
     out = rows(
         con,
@@ -218,8 +224,10 @@ def _node_summaries(timed: list[dict[str, Any]], late: dict[str, Any], by_rank: 
     return out
 
 
-def _chronic(con: Any, cfg: AnalysisConfig, slow: list[dict[str, Any]], timed: list[dict[str, Any]],
-             by_rank: dict[int, RankSummary], ref: float, late: dict[str, Any]) -> list[Finding]:
+def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[str, Any]],
+             ref: float) -> list[Finding]:
+    """One finding per slow node (every rank of it slow, not every node) and per other chronically slow rank."""
+    con, cfg, by_rank, late = ctx.con, ctx.cfg, ctx.by_rank, ctx.late
     slow_ids = {r["rank"] for r in slow}
     ranks_per_node: dict[str, list[int]] = {}
     for r in timed:
@@ -280,8 +288,7 @@ def _chronic(con: Any, cfg: AnalysisConfig, slow: list[dict[str, Any]], timed: l
             f"{late_txt}"
         )
         for r in members:
-            if by_rank[r["rank"]].status == "ok":
-                by_rank[r["rank"]].status = "slow"
+            ctx.mark(r["rank"], "slow")
         f = Finding(
             kind, "warning", summary, member_ids, sorted({r["node"] for r in members}),
             [steps[0], steps[-1]] if steps else [], [],
@@ -306,7 +313,7 @@ def _onset(slow_steps: list[int], window_start: int, cfg: AnalysisConfig) -> int
     return window_start
 
 
-def _slow_steps(con: Any, ranks: list[int], factor: float) -> list[int]:
+def _slow_steps(con: DuckDBPyConnection, ranks: list[int], factor: float) -> list[int]:
     out = rows(
         con,
         f"""WITH m AS (SELECT step, median(compute_ns) AS med FROM steps GROUP BY step)
@@ -318,7 +325,7 @@ def _slow_steps(con: Any, ranks: list[int], factor: float) -> list[int]:
     return [r["step"] for r in out]
 
 
-def _step_refs(con: Any, ranks: list[int], lo: int | None, hi: int | None, limit: int = 10,
+def _step_refs(con: DuckDBPyConnection, ranks: list[int], lo: int | None, hi: int | None, limit: int = 10,
                only: list[int] | None = None) -> list[EventRef]:
     where = f"rank IN ({ids(ranks)})"
     if only:
@@ -332,18 +339,19 @@ def _step_refs(con: Any, ranks: list[int], lo: int | None, hi: int | None, limit
     return [EventRef(r["rank"], int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in out]
 
 
-def _one_offs(con: Any, cfg: AnalysisConfig, warm: str, named: set[int], by_rank: dict[int, RankSummary],
-              n_steps: int) -> list[Finding]:
-    """Single long steps of a rank that is otherwise not slow: a one-off stall, not chronic lag."""
+def _one_offs(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
+    """Single long steps of a rank that is otherwise not slow (not in ``named``): a one-off stall, not chronic lag."""
+    con, cfg, by_rank, n_steps = ctx.con, ctx.cfg, ctx.by_rank, ctx.n_steps
     out = rows(
         con,
-        f"""WITH r AS (SELECT rank, median(step_ns - coll_ns) AS own_med FROM steps WHERE {warm} GROUP BY rank),
+        f"""WITH r AS (SELECT rank, median(step_ns - coll_ns) AS own_med FROM steps WHERE {AFTER_WARMUP} GROUP BY rank),
                  op AS (SELECT step, arg_max(op, dur) AS op, max(dur) AS wait FROM colls WHERE NOT is_async GROUP BY step)
             SELECT s.rank, s.node, s.step, s.step_ns - s.coll_ns AS own, r.own_med, s.t1, s.span_id, op.op, op.wait
             FROM steps s JOIN r USING (rank) LEFT JOIN op USING (step)
-            WHERE {warm} AND s.step_ns - s.coll_ns >= ? * r.own_med AND s.step_ns - s.coll_ns - r.own_med >= ?
+            WHERE {AFTER_WARMUP} AND s.step_ns - s.coll_ns >= $factor * r.own_med
+              AND s.step_ns - s.coll_ns - r.own_med >= $min_ns
             ORDER BY s.step_ns - s.coll_ns - r.own_med DESC LIMIT 500""",
-        [cfg.one_off_factor, cfg.one_off_min_ms * 1e6],
+        ctx.warm_params(factor=cfg.one_off_factor, min_ns=cfg.one_off_min_ms * 1e6),
     )
     if not out:
         return []
@@ -387,6 +395,6 @@ def _one_offs(con: Any, cfg: AnalysisConfig, warm: str, named: set[int], by_rank
              "score": rsum.score, "windows_slow": rsum.slow_windows, "windows": rsum.windows},
         )
         findings.append(f.cite([EventRef(rank, int(r["t1"]), "span", r["step"], r["span_id"], "step") for r in rs]))
-        if rsum.status == "ok" and many:
-            rsum.status = "stalls"
+        if many:
+            ctx.mark(rank, "stalls")
     return findings
