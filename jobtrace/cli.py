@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from jobtrace import config
-from jobtrace.errors import JobNotFound, JobtraceError
+from jobtrace.errors import JobNotFound, JobtraceError, Refused
 
 EXIT_HEALTHY, EXIT_PROBLEM, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
@@ -222,7 +222,7 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     info = ProcessInfo("replay", "replay", 0, os.getpid(), path.parent, spool_override=path)
     try:
         shipper = open_shipper(to, info, url)
-    except (JobtraceError, RuntimeError) as exc:
+    except JobtraceError as exc:
         _fail(console, exc)
         return
     pending = shipper.spool.pending_bytes()
@@ -258,7 +258,7 @@ def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: floa
             task = bar.add_task(f"export {job_id}", total=None)
             summary = export_job(data_dir, job_id, to, url=url, timeout_s=timeout_s,
                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
-    except (JobtraceError, RuntimeError) as exc:
+    except JobtraceError as exc:
         _fail(console, exc)
         return
     if as_json:
@@ -301,7 +301,7 @@ def golden(job_id: str, data_dir: str, name: str | None, golden_dir: str | None,
 
     try:
         path, _ = mark_golden(job_id, data_dir, name, golden_dir, force=force)
-    except ValueError as exc:
+    except Refused as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_PROBLEM)
     except JobtraceError as exc:
