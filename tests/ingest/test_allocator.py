@@ -49,7 +49,7 @@ def test_the_ingest_command_sets_the_thresholds(monkeypatch, tmp_path):
     """The command, not the library: a process that merely calls Ingestor keeps its allocator as it was."""
     from click.testing import CliRunner
 
-    import ingest._cli as cli
+    import jobtrace.cli.ingest as cli
 
     calls: list[int] = []
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1) or True)

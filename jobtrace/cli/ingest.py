@@ -1,7 +1,7 @@
 """``jobtrace ingest PATH... --job ID``: the command, its progress bar and its closing summary.
 
 ``format_summary`` returns the text; ``print_summary`` renders it; the click command
-comes last and maps errors to the exit codes of :mod:`jobtrace.cli` (2 usage, 3 error).
+comes last and maps errors to the exit codes of :mod:`jobtrace.cli.exitcodes` (2 usage, 3 error).
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from rich.console import Console
 from jobtrace import config
 from jobtrace.errors import JobtraceError
 
-from ._allocator import keep_freed_memory
-from ._engine import IngestConfig, Ingestor, IngestSummary
-from ._sinks import SINK_KINDS, open_sink
+from ingest import SINK_KINDS, IngestConfig, Ingestor, IngestSummary, keep_freed_memory, open_sink
 
 __all__ = ["format_summary", "ingest_command", "print_summary"]
 
@@ -145,7 +143,7 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
 def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see _allocator)
+    keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see ingest.keep_freed_memory)
     if not show:
         ing = Ingestor(cfg, factory)
         return _with_sigint(ing, paths)

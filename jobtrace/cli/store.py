@@ -1,0 +1,103 @@
+"""``jobtrace jobs``, ``export`` and ``replay``: the embedded store's jobs, and moving them to a server."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from jobtrace import config
+from jobtrace.errors import JobtraceError
+
+from .exitcodes import EXIT_HEALTHY, EXIT_PROBLEM, fail
+
+__all__ = ["export", "jobs", "replay"]
+
+
+@click.command()
+@click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="The spool's backend.")
+@click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Give up waiting after this many seconds (what is left stays spooled).")
+def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
+    """Send what a shipper left in SPOOL_DIR (a server outage outlasting the job), in order, then exit.
+
+    Exit status: 0 all sent, 1 some left (still spooled), 3 error.
+    """
+    import os
+    from pathlib import Path
+
+    from shippers import ProcessInfo, open_shipper
+
+    console = Console(stderr=True)
+    path = Path(spool_dir)
+    info = ProcessInfo("replay", "replay", 0, os.getpid(), path.parent, spool_override=path)
+    try:
+        shipper = open_shipper(to, info, url)
+    except JobtraceError as exc:
+        fail(console, exc)
+        return
+    pending = shipper.spool.pending_bytes()
+    done = shipper.wait_idle(timeout_s)
+    shipper.close()
+    stats = shipper.stats
+    console.print(f"replayed {pending} bytes: {stats.sent} events accepted, {stats.rejected} refused "
+                  f"(dead-letter: {shipper.dead_letter.path}), {stats.spooled_bytes} bytes left")
+    sys.exit(EXIT_HEALTHY if done else EXIT_PROBLEM)
+
+
+@click.command(name="export")
+@click.argument("job_id")
+@click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="Where to send the job.")
+@click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Stop after this many seconds; what the server has not taken is reported (a rerun is safe).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:
+    """Send JOB_ID from the embedded store to Loki or Elasticsearch/OpenSearch (credentials from the environment).
+
+    Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 3 error.
+    """
+    import orjson
+    from rich.progress import Progress
+
+    from shippers import export_job
+
+    console = Console(stderr=True)
+    try:
+        with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
+            task = bar.add_task(f"export {job_id}", total=None)
+            summary = export_job(data_dir, job_id, to, url=url, timeout_s=timeout_s,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except JobtraceError as exc:
+        fail(console, exc)
+        return
+    if as_json:
+        click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        s = summary
+        console.print(f"exported {s.job} to {s.backend}: {s.files} files ({s.from_segments} rebuilt from segments), "
+                      f"{s.lines} lines, {s.sent} accepted, {s.refused} refused, {s.torn} torn and {s.corrupt} corrupt lines skipped "
+                      f"in {s.seconds:.1f}s", highlight=False)
+        if s.refused:
+            console.print(f"refused lines are kept in {s.dead_letter}", highlight=False)
+        if s.left_bytes:
+            console.print(f"{s.left_bytes} bytes not yet accepted: jobtrace replay {s.spool} --to {s.backend}",
+                          highlight=False)
+        if s.unread_files:
+            console.print(f"{len(s.unread_files)} files not sent before the timeout; run the export again "
+                          "(Elasticsearch and Loki keep one copy of a line sent twice)", highlight=False)
+    sys.exit(EXIT_HEALTHY if summary.complete else EXIT_PROBLEM)
+
+
+@click.command()
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+def jobs(data_dir: str) -> None:
+    """List the jobs in the embedded store."""
+    from queries import list_local_jobs
+
+    for job in list_local_jobs(data_dir):
+        click.echo(job)
