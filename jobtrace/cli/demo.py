@@ -10,13 +10,13 @@ from rich.console import Console
 from jobtrace import config
 from jobtrace.errors import JobtraceError
 
-from .exitcodes import fail
+from .exitcodes import Command
 from .trace import report_and_exit
 
 __all__ = ["demo"]
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option("--ranks", type=click.IntRange(2, 64), default=4, show_default=True)
 @click.option("--steps", type=click.IntRange(3), default=30, show_default=True)
 @click.option("--slow-rank", type=int, multiple=True, help="Make this rank slow (repeatable).")
@@ -32,7 +32,11 @@ __all__ = ["demo"]
 def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, hang_rank: int | None, hang_step: int,
          nan_step: int | None, ranks_per_node: int, job_id: str | None, data_dir: str, verbose: bool,
          as_json: bool) -> None:
-    """Run a real torch.distributed job (gloo, CPU) with an injected fault, then trace it."""
+    """Run a real torch.distributed job (gloo, CPU) with an injected fault, then trace it.
+
+    Exit status: 0 healthy, 1 problem found (the injected fault, as it should be), 2 usage error,
+    3 error (torch missing, job not found), 4 internal error (rerun with --debug).
+    """
     from jobtrace.demo import DemoConfig, run_job
     from queries import AnalysisConfig, analyze, load_local
 
@@ -50,13 +54,9 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     try:
         import torch  # noqa: F401
     except ImportError:
-        fail(console, JobtraceError("the demo needs torch: pip install 'jobtrace[torch]'"))
+        raise JobtraceError("the demo needs torch: pip install 'jobtrace[torch]'") from None
     rc = run_job(cfg)
     console.print(f"job {'stopped after a stall' if rc == -1 else f'exited with {rc}'} in {time.monotonic() - t0:.1f}s; "
                   f"tracing it: trace-job {job_id} --data-dir {data_dir}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))
-    try:
-        report = analyze(load_local(data_dir, job_id), AnalysisConfig(stall_s=cfg.stall_s if hang_rank is not None else 300.0))
-    except JobtraceError as exc:
-        fail(console, exc)
-        return
+    report = analyze(load_local(data_dir, job_id), AnalysisConfig(stall_s=cfg.stall_s if hang_rank is not None else 300.0))
     report_and_exit(report, as_json, Console())

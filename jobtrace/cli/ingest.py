@@ -1,24 +1,23 @@
 """``jobtrace ingest PATH... --job ID``: the command, its progress bar and its closing summary.
 
 ``format_summary`` returns the text; ``print_summary`` renders it; the click command
-comes last and maps errors to the exit codes of :mod:`jobtrace.cli.exitcodes` (2 usage, 3 error).
+comes last; its errors end in the exit codes of :mod:`jobtrace.cli.exitcodes`.
 """
 
 from __future__ import annotations
 
 import importlib
 import signal
-import sys
 from typing import Any
 
 import click
 import orjson
 from rich.console import Console
 
-from jobtrace import config
-from jobtrace.errors import JobtraceError
-
 from ingest import SINK_KINDS, IngestConfig, Ingestor, IngestSummary, keep_freed_memory, open_sink
+from jobtrace import config
+
+from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, Command
 
 __all__ = ["format_summary", "ingest_command", "print_summary"]
 
@@ -80,7 +79,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
             raise click.BadParameter(f"cannot import plugin {name!r}: {exc}", param_hint="--plugin") from exc
 
 
-@click.command(name="ingest", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="ingest", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
 @click.option("--to", "to", type=click.Choice(SINK_KINDS), default="local", show_default=True,
@@ -113,7 +112,9 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
 
     Megatron-LM, DeepSpeed, Hugging Face Trainer, torchrun/NCCL failures and plain
     "step N loss x time T ms" lines are recognised from the lines themselves.
-    Exit status: 0 done, 2 usage error, 3 error.
+
+    Exit status: 0 done, 2 usage error (also: a path that is not there, a server without a URL),
+    3 error (nothing read, store or server unusable), 4 internal error (rerun with --debug).
     """
     err = Console(stderr=True)
     _load_plugins(plugin)
@@ -127,17 +128,14 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
     cfg = IngestConfig(job=job_id, tz=tz, year=year, align=not no_align, follow=follow, idle_exit_s=idle_exit,
                        rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
                        use_hyperscan=False if no_hyperscan else None)
-    try:
-        factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
-        summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
-    except JobtraceError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(3)
+    factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
+    summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
     if as_json:
         click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2, default=str).decode())
     else:
         print_summary(summary, Console(), to, data_dir)
-    sys.exit(3 if summary.errors and not summary.lines else 0)
+    # every input failed (the summary says why): an error, not an empty success
+    raise click.exceptions.Exit(EXIT_ERROR if summary.errors and not summary.lines else EXIT_HEALTHY)
 
 
 def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 from rich.console import Console
 
 from jobtrace import config
-from jobtrace.errors import JobtraceError
+
+from .exitcodes import Command, finish
 
 __all__ = ["setup"]
 
 
-@click.command(name="setup")
+@click.command(name="setup", cls=Command)
 @click.option("--url", envvar=config.ES.url, required=True,
               help="Elasticsearch/OpenSearch URL (credentials: JOBTRACE_ES_USERNAME/_PASSWORD, _API_KEY, _TOKEN, "
                    "_CA_FILE; see the README).")
@@ -37,7 +36,9 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
           as_json: bool) -> None:
     """Install jobtrace's index templates, retention policies and Kibana saved objects (idempotent).
 
-    Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 3 error.
+    Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 2 usage error (also
+    wrong credentials or an unsupported server), 3 error (server unreachable), 4 internal error (rerun
+    with --debug).
     """
     from dataclasses import asdict
 
@@ -47,22 +48,17 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
     from jobtrace.redact import redact_url
     from kibana import Retention, parse_days, run_setup
 
-    err = Console(stderr=True)
-    try:
-        retention = Retention(parse_days(logs_retention), parse_days(metrics_retention),
-                              parse_days(traces_retention) if traces_retention else None)
-        http = HttpConfig.from_env(config.ES.prefix, url=url)
-        kb = None
-        if kibana_url:
-            # Kibana's own credentials when any is set, else the cluster's (one user for both is common).
-            prefix = config.KIBANA.prefix if HttpConfig.has_credentials(config.KIBANA.prefix) else config.ES.prefix
-            kb = HttpConfig.from_env(prefix, url=kibana_url)
-        report = run_setup(http, retention=retention, replicas=replicas, kibana=kb, kibana_space=kibana_space,
-                           wait_s=wait_s,
-                           flavour=config.get_choice(config.ES_FLAVOR, ("elasticsearch", "opensearch", "victorialogs")))
-    except JobtraceError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(3)
+    retention = Retention(parse_days(logs_retention), parse_days(metrics_retention),
+                          parse_days(traces_retention) if traces_retention else None)
+    http = HttpConfig.from_env(config.ES.prefix, url=url)
+    kb = None
+    if kibana_url:
+        # Kibana's own credentials when any is set, else the cluster's (one user for both is common).
+        prefix = config.KIBANA.prefix if HttpConfig.has_credentials(config.KIBANA.prefix) else config.ES.prefix
+        kb = HttpConfig.from_env(prefix, url=kibana_url)
+    report = run_setup(http, retention=retention, replicas=replicas, kibana=kb, kibana_space=kibana_space,
+                       wait_s=wait_s,
+                       flavour=config.get_choice(config.ES_FLAVOR, ("elasticsearch", "opensearch", "victorialogs")))
     if as_json:
         click.echo(orjson.dumps(asdict(report) | {"ok": report.ok}, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -77,4 +73,4 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
             out.print(f"  saved objects  {report.saved_objects}", highlight=False)
         for w in report.warnings:
             out.print(f"[yellow]warning:[/] {w}", highlight=False)
-    sys.exit(0 if report.ok else 1)
+    finish(report.ok)

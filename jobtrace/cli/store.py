@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 from rich.console import Console
 
 from jobtrace import config
-from jobtrace.errors import JobtraceError
 
-from .exitcodes import EXIT_HEALTHY, EXIT_PROBLEM, fail
+from .exitcodes import Command, finish
 
 __all__ = ["export", "jobs", "replay"]
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="The spool's backend.")
 @click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
@@ -24,7 +21,8 @@ __all__ = ["export", "jobs", "replay"]
 def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     """Send what a shipper left in SPOOL_DIR (a server outage outlasting the job), in order, then exit.
 
-    Exit status: 0 all sent, 1 some left (still spooled), 3 error.
+    Exit status: 0 all sent, 1 some left (still spooled), 2 usage error, 3 error (server unreachable
+    or refusing, spool in use), 4 internal error (rerun with --debug).
     """
     import os
     from pathlib import Path
@@ -34,21 +32,17 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     console = Console(stderr=True)
     path = Path(spool_dir)
     info = ProcessInfo("replay", "replay", 0, os.getpid(), path.parent, spool_override=path)
-    try:
-        shipper = open_shipper(to, info, url)
-    except JobtraceError as exc:
-        fail(console, exc)
-        return
+    shipper = open_shipper(to, info, url)
     pending = shipper.spool.pending_bytes()
     done = shipper.wait_idle(timeout_s)
     shipper.close()
     stats = shipper.stats
     console.print(f"replayed {pending} bytes: {stats.sent} events accepted, {stats.rejected} refused "
                   f"(dead-letter: {shipper.dead_letter.path}), {stats.spooled_bytes} bytes left")
-    sys.exit(EXIT_HEALTHY if done else EXIT_PROBLEM)
+    finish(done)
 
 
-@click.command(name="export")
+@click.command(name="export", cls=Command)
 @click.argument("job_id")
 @click.option("--to", "to", type=click.Choice(["loki", "elasticsearch"]), required=True, help="Where to send the job.")
 @click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
@@ -59,7 +53,8 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
 def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:
     """Send JOB_ID from the embedded store to Loki or Elasticsearch/OpenSearch (credentials from the environment).
 
-    Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 3 error.
+    Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 2 usage
+    error, 3 error (job not found, server unreachable), 4 internal error (rerun with --debug).
     """
     import orjson
     from rich.progress import Progress
@@ -67,14 +62,10 @@ def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: floa
     from shippers import export_job
 
     console = Console(stderr=True)
-    try:
-        with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
-            task = bar.add_task(f"export {job_id}", total=None)
-            summary = export_job(data_dir, job_id, to, url=url, timeout_s=timeout_s,
-                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
-    except JobtraceError as exc:
-        fail(console, exc)
-        return
+    with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
+        task = bar.add_task(f"export {job_id}", total=None)
+        summary = export_job(data_dir, job_id, to, url=url, timeout_s=timeout_s,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     if as_json:
         click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode())
     else:
@@ -90,13 +81,16 @@ def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: floa
         if s.unread_files:
             console.print(f"{len(s.unread_files)} files not sent before the timeout; run the export again "
                           "(Elasticsearch and Loki keep one copy of a line sent twice)", highlight=False)
-    sys.exit(EXIT_HEALTHY if summary.complete else EXIT_PROBLEM)
+    finish(summary.complete)
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 def jobs(data_dir: str) -> None:
-    """List the jobs in the embedded store."""
+    """List the jobs in the embedded store.
+
+    Exit status: 0 listed, 2 usage error, 3 error (store unreadable), 4 internal error (rerun with --debug).
+    """
     from queries import list_local_jobs
 
     for job in list_local_jobs(data_dir):

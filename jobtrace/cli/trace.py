@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 
 from jobtrace import config
-from jobtrace.errors import JobNotFound, JobtraceError
+from jobtrace.errors import JobNotFound
 
-from .exitcodes import EXIT_HEALTHY, EXIT_PROBLEM, fail
+from .exitcodes import Command, finish
 
 __all__ = ["analysis_options", "report_and_exit", "trace_job", "trace_job_main"]
 
@@ -53,17 +52,18 @@ def _trace_options(kw: dict[str, Any]) -> Any:
                         golden_dir=kw["golden_dir"], links=links, timeline=kw["timeline"], perfetto=kw["perfetto"])
 
 
-def report_and_exit(report: Any, as_json: bool, console: Console) -> None:
+def report_and_exit(report: Any, as_json: bool, console: Console) -> NoReturn:
+    """Print the report (text or JSON) and exit 0 if the job is healthy, 1 if a problem was found."""
     from queries import format_json, print_report
 
     if as_json:
         click.echo(format_json(report))
     else:
         print_report(report, console)
-    sys.exit(EXIT_HEALTHY if report.healthy else EXIT_PROBLEM)
+    finish(report.healthy)
 
 
-@click.command(name="trace-job", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="trace-job", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job_id")
 @click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
               show_default=True, envvar=config.BACKEND, help="Where the job's events are.")
@@ -78,29 +78,25 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
               stall_s: float, slow_factor: float, as_json: bool, **views: Any) -> None:
     """Rebuild JOB_ID's timeline and name the slow or stalled rank.
 
-    Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error.
+    Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error (job not found, store or backend
+    unreadable), 4 internal error (rerun with --debug for the traceback).
     """
     from queries import AnalysisConfig
     from queries import trace_job as run_trace
     from queries import TimeRange, load_job
 
-    console = Console(stderr=False)
+    rng = TimeRange.parse(since, until) if backend != "local" else None
+    opts = _trace_options(views)
     try:
-        rng = TimeRange.parse(since, until) if backend != "local" else None
-        opts = _trace_options(views)
-        try:
-            job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
-        except JobNotFound:
-            if not opts.flight_recorder:
-                raise
-            job = None  # a job known only from its Flight Recorder dumps
-        report, _ = run_trace(job_id, data_dir, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor), opts, job=job)
-    except JobtraceError as exc:
-        fail(Console(stderr=True), exc)
-        return
-    report_and_exit(report, as_json, console)
+        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
+    except JobNotFound:
+        if not opts.flight_recorder:
+            raise
+        job = None  # a job known only from its Flight Recorder dumps
+    report, _ = run_trace(job_id, data_dir, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor), opts, job=job)
+    report_and_exit(report, as_json, Console(stderr=False))
 
 
 def trace_job_main() -> None:
+    """The ``trace-job`` script."""
     trace_job(prog_name="trace-job")
-

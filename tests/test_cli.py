@@ -1,0 +1,144 @@
+"""The command line as a whole: one exit-code mapping for every command, --debug, --version,
+--backend, no silent fallback to the local store, and a cheap `jobtrace --help`."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from jobtrace.cli import main, trace_job
+from jobtrace.cli.exitcodes import (
+    EXIT_ERROR,
+    EXIT_HEALTHY,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    exit_code_for,
+)
+from jobtrace.errors import (
+    BackendUnavailable,
+    ConfigError,
+    JobNotFound,
+    JobtraceError,
+    QueryError,
+    Refused,
+    StoreError,
+)
+from jobtrace.synth import SynthJob, write_job
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A healthy job and a job with a slow rank, in one embedded store."""
+    write_job(tmp_path, SynthJob(job_id="ok", ranks=4, steps=20))
+    write_job(tmp_path, SynthJob(job_id="slow", ranks=4, steps=20, slow_ranks={2: 2.0}))
+    return tmp_path
+
+
+def run(cmd, *args):
+    return CliRunner().invoke(cmd, [str(a) for a in args])
+
+
+class TestExitCodes:
+    def test_healthy_job_exits_0(self, store):
+        res = run(trace_job, "ok", "--data-dir", store)
+        assert res.exit_code == EXIT_HEALTHY == 0, res.output
+
+    def test_a_problem_exits_1(self, store):
+        res = run(trace_job, "slow", "--data-dir", store)
+        assert res.exit_code == EXIT_PROBLEM == 1, res.output
+        assert "rank 2" in res.stdout
+
+    def test_a_bad_option_exits_2(self, store):
+        assert run(trace_job, "ok", "--stall-threshold", "soon").exit_code == EXIT_USAGE == 2
+        assert run(main, "trace", "ok", "--no-such-option").exit_code == 2
+        assert run(main, "no-such-command").exit_code == 2
+
+    def test_a_config_error_exits_2_with_its_message(self, store):
+        res = run(trace_job, "ok", "--backend", "loki", "--url", "http://127.0.0.1:9", "--since", "whenever")
+        assert res.exit_code == 2 and "cannot read time 'whenever'" in res.stderr
+
+    def test_a_missing_job_exits_3(self, store):
+        res = run(trace_job, "nope", "--data-dir", store)
+        assert res.exit_code == EXIT_ERROR == 3
+        assert res.stderr.startswith("error: no events for job 'nope'") and "Traceback" not in res.output
+
+    def test_an_unreachable_backend_exits_3(self, store):
+        res = run(trace_job, "ok", "--backend", "loki", "--url", "http://127.0.0.1:9")
+        assert res.exit_code == 3 and "127.0.0.1:9" in res.stderr
+
+    def test_a_bug_exits_4_with_one_line_and_no_traceback(self, store, monkeypatch):
+        import queries
+
+        def broken(*_a, **_k):
+            raise KeyError("rank_summary")
+
+        monkeypatch.setattr(queries, "trace_job", broken)
+        res = run(trace_job, "ok", "--data-dir", store)
+        assert res.exit_code == EXIT_INTERNAL == 4
+        assert res.stdout == "" and "Traceback" not in res.stderr
+        (line,) = res.stderr.splitlines()
+        assert line == ("error: internal error (a bug in jobtrace): KeyError: 'rank_summary'; "
+                        "rerun with --debug for the traceback")
+
+    @pytest.mark.parametrize("argv", [("trace", "ok", "--debug"), ("--debug", "trace", "ok")])
+    def test_with_debug_a_bug_shows_its_traceback(self, store, monkeypatch, argv):
+        """`--debug` works before the command (the group's) and after it (every command's)."""
+        import queries
+
+        def broken(*_a, **_k):
+            raise KeyError("rank_summary")
+
+        monkeypatch.setattr(queries, "trace_job", broken)
+        res = run(main, *argv, "--data-dir", store)
+        assert res.exit_code == 4
+        assert res.stderr.startswith("Traceback (most recent call last):")
+        assert "in broken" in res.stderr and "KeyError: 'rank_summary'" in res.stderr
+        assert res.stderr.splitlines()[-1] == "error: internal error (a bug in jobtrace): KeyError: 'rank_summary'"
+
+    def test_with_debug_a_jobtrace_error_keeps_its_code_and_shows_where(self, store):
+        res = run(trace_job, "nope", "--data-dir", store, "--debug")
+        assert res.exit_code == 3 and "Traceback" in res.stderr and "JobNotFound" in res.stderr
+
+    def test_ctrl_c_is_not_a_finding(self, store, monkeypatch):
+        import queries
+
+        def interrupted(*_a, **_k):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(queries, "trace_job", interrupted)
+        assert run(trace_job, "ok", "--data-dir", store).exit_code == EXIT_INTERRUPTED
+
+    def test_a_refusal_exits_1_and_force_overrides_it(self, store):
+        res = run(main, "golden", "slow", "--data-dir", store)
+        assert res.exit_code == 1 and "is not healthy" in res.stderr
+        assert run(main, "golden", "slow", "--data-dir", store, "--force").exit_code == 0
+        assert run(main, "golden", "ok", "--data-dir", store).exit_code == 0
+        assert run(main, "golden", "nope", "--data-dir", store).exit_code == 3
+
+    def test_the_other_commands_share_the_mapping(self, store, monkeypatch):
+        import queries
+
+        assert run(main, "jobs", "--data-dir", store).stdout.split() == ["ok", "slow"]
+        monkeypatch.setattr(queries, "list_local_jobs", lambda _d: 1 / 0)
+        res = run(main, "jobs", "--data-dir", store)
+        assert res.exit_code == 4 and "ZeroDivisionError: division by zero" in res.stderr
+
+    @pytest.mark.parametrize("exc,code", [
+        (ConfigError("x"), 2), (Refused("x"), 1), (JobNotFound("x"), 3), (QueryError("x"), 3), (StoreError("x"), 3),
+        (BackendUnavailable("x"), 3), (JobtraceError("x"), 3), (ValueError("x"), 4), (RuntimeError("x"), 4),
+        (KeyboardInterrupt(), 130), (click.UsageError("x"), 2), (click.BadParameter("x"), 2),
+        (click.FileError("f"), 3), (click.exceptions.Exit(1), 1),
+    ])
+    def test_one_table_from_the_exception_tree(self, exc, code):
+        assert exit_code_for(exc) == code
+
+    def test_every_command_documents_its_exit_status(self):
+        commands = {"trace-job": trace_job, **main.commands}
+        assert set(commands) >= {"trace-job", "trace", "ingest", "export", "replay", "jobs", "golden", "setup", "demo"}
+        for name, cmd in [("jobtrace", main), *commands.items()]:
+            text = " ".join(run(cmd, "--help").output.split())
+            assert "Exit status: 0" in text and "4 internal error" in text, name
+            assert "--debug" in text, name
