@@ -142,3 +142,33 @@ class TestExitCodes:
             text = " ".join(run(cmd, "--help").output.split())
             assert "Exit status: 0" in text and "4 internal error" in text, name
             assert "--debug" in text, name
+
+
+class TestLazyImports:
+    HEAVY = ("duckdb", "torch", "queries", "shippers", "ingest", "kibana", "loki", "rich", "requests", "orjson",
+             "otel_instrumentation", "opentelemetry")
+
+    @pytest.mark.parametrize("entry,argv", [("main", ["--help"]), ("main", ["trace", "--help"]),
+                                            ("main", ["ingest", "--help"]), ("main", ["export", "--help"]),
+                                            ("trace_job_main", ["--help"])])
+    def test_help_imports_no_heavy_module(self, entry, argv):
+        """`jobtrace --help` (and a command's) reads only click and the core: no DuckDB, torch or backend code."""
+        import json
+        import subprocess
+
+        from tests.conftest import PYTHON, python_env
+
+        code = (f"import sys, json\nsys.argv = ['x', *{argv!r}]\nfrom jobtrace.cli import {entry}\n"
+                f"try:\n    {entry}()\nexcept SystemExit as e:\n    code = e.code\n"
+                "print(json.dumps([code, sorted(sys.modules)]), file=sys.stderr)")
+        proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, env=python_env(), timeout=120)
+        code, modules = json.loads(proc.stderr.strip().splitlines()[-1])
+        assert code in (0, None) and "Usage:" in proc.stdout
+        loaded = sorted({m.split(".")[0] for m in modules} & set(self.HEAVY))
+        assert loaded == [], loaded
+
+    def test_the_ingest_targets_are_the_ingest_packages(self):
+        import ingest
+        from jobtrace.cli.ingest import INGEST_TARGETS
+
+        assert INGEST_TARGETS == ingest.SINK_KINDS

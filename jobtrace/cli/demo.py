@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import click
-from rich.console import Console
 
 from jobtrace import config
 from jobtrace.errors import JobtraceError
@@ -37,6 +36,8 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     Exit status: 0 healthy, 1 problem found (the injected fault, as it should be), 2 usage error,
     3 error (torch missing, job not found), 4 internal error (rerun with --debug).
     """
+    from rich.console import Console
+
     from jobtrace.demo import DemoConfig, run_job
     from queries import AnalysisConfig, analyze, load_local
 
@@ -59,4 +60,4 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     console.print(f"job {'stopped after a stall' if rc == -1 else f'exited with {rc}'} in {time.monotonic() - t0:.1f}s; "
                   f"tracing it: trace-job {job_id} --data-dir {data_dir}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))
     report = analyze(load_local(data_dir, job_id), AnalysisConfig(stall_s=cfg.stall_s if hang_rank is not None else 300.0))
-    report_and_exit(report, as_json, Console())
+    report_and_exit(report, as_json)

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import importlib
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import click
-import orjson
-from rich.console import Console
 
-from ingest import SINK_KINDS, IngestConfig, Ingestor, IngestSummary, keep_freed_memory, open_sink
 from jobtrace import config
 
 from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, Command
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ingest import IngestConfig, Ingestor, IngestSummary
+
+INGEST_TARGETS: Final = ("local", "loki", "elasticsearch")
+"""Where ``--to`` sends the events: ``ingest.SINK_KINDS``, spelled here so that reading this
+command's options does not import the ingest package (a test holds the two equal)."""
 
 __all__ = ["format_summary", "ingest_command", "print_summary"]
 
@@ -68,6 +74,7 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
 
 
 def print_summary(s: IngestSummary, console: Console, to: str = "local", data_dir: str = "jobtrace-data") -> None:
+    """Render :func:`format_summary` (as written: no markup, no highlighting)."""
     console.print(format_summary(s, to, data_dir), highlight=False, markup=False)
 
 
@@ -82,7 +89,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.command(name="ingest", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
-@click.option("--to", "to", type=click.Choice(SINK_KINDS), default="local", show_default=True,
+@click.option("--to", "to", type=click.Choice(INGEST_TARGETS), default="local", show_default=True,
               help="Where the events go.")
 @click.option("--url", default=None,
               help="Server URL for --to loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
@@ -116,6 +123,11 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
     Exit status: 0 done, 2 usage error (also: a path that is not there, a server without a URL),
     3 error (nothing read, store or server unusable), 4 internal error (rerun with --debug).
     """
+    import orjson
+    from rich.console import Console
+
+    from ingest import IngestConfig, open_sink
+
     err = Console(stderr=True)
     _load_plugins(plugin)
     if rank_from_filename:
@@ -140,6 +152,8 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
 
 def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ingest import Ingestor, keep_freed_memory
 
     keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see ingest.keep_freed_memory)
     if not show:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
 from jobtrace import config
 
@@ -43,6 +42,7 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
     from dataclasses import asdict
 
     import orjson
+    from rich.console import Console
 
     from jobtrace.http import HttpConfig
     from jobtrace.redact import redact_url

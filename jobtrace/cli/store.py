@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
 from jobtrace import config
 
@@ -26,6 +25,8 @@ def replay(spool_dir: str, to: str, url: str | None, timeout_s: float) -> None:
     """
     import os
     from pathlib import Path
+
+    from rich.console import Console
 
     from shippers import ProcessInfo, open_shipper
 
@@ -57,6 +58,7 @@ def export(job_id: str, to: str, url: str | None, data_dir: str, timeout_s: floa
     error, 3 error (job not found, server unreachable), 4 internal error (rerun with --debug).
     """
     import orjson
+    from rich.console import Console
     from rich.progress import Progress
 
     from shippers import export_job

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 
 from jobtrace import config
 from jobtrace.errors import JobNotFound
 
 from .exitcodes import Command, finish
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["analysis_options", "report_and_exit", "trace_job", "trace_job_main"]
 
@@ -52,14 +54,16 @@ def _trace_options(kw: dict[str, Any]) -> Any:
                         golden_dir=kw["golden_dir"], links=links, timeline=kw["timeline"], perfetto=kw["perfetto"])
 
 
-def report_and_exit(report: Any, as_json: bool, console: Console) -> NoReturn:
-    """Print the report (text or JSON) and exit 0 if the job is healthy, 1 if a problem was found."""
+def report_and_exit(report: Any, as_json: bool, console: Console | None = None) -> NoReturn:
+    """Print the report (text or JSON, on stdout) and exit 0 if the job is healthy, 1 if a problem was found."""
     from queries import format_json, print_report
 
     if as_json:
         click.echo(format_json(report))
     else:
-        print_report(report, console)
+        from rich.console import Console
+
+        print_report(report, console or Console())
     finish(report.healthy)
 
 
@@ -94,7 +98,7 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
             raise
         job = None  # a job known only from its Flight Recorder dumps
     report, _ = run_trace(job_id, data_dir, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor), opts, job=job)
-    report_and_exit(report, as_json, Console(stderr=False))
+    report_and_exit(report, as_json)
 
 
 def trace_job_main() -> None:
