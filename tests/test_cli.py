@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -172,3 +174,26 @@ class TestLazyImports:
         from jobtrace.cli.ingest import INGEST_TARGETS
 
         assert INGEST_TARGETS == ingest.SINK_KINDS
+
+
+class TestVersion:
+    @pytest.mark.parametrize("cmd", [main, trace_job])
+    def test_version_names_the_release_and_the_compiled_parts(self, cmd, monkeypatch):
+        import types
+
+        import jobtrace
+
+        fake = types.ModuleType("jobtrace_native")
+        fake.__version__ = "9.9.9"  # type: ignore[attr-defined]
+        fake.Recorder = fake.FastLane = object  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "jobtrace_native", fake)
+        res = run(cmd, "--version")
+        assert res.exit_code == 0
+        assert res.stdout.splitlines() == [f"jobtrace {jobtrace.__version__}",
+                                           "compiled parts: present (jobtrace_native 9.9.9: Recorder, FastLane)"]
+
+    @pytest.mark.parametrize("cmd", [main, trace_job])
+    def test_version_says_when_the_compiled_parts_are_absent(self, cmd, monkeypatch):
+        monkeypatch.setitem(sys.modules, "jobtrace_native", None)  # import fails, as when not built
+        res = run(cmd, "--version")
+        assert res.exit_code == 0 and "compiled parts: absent" in res.stdout and "pure-Python" in res.stdout

@@ -21,6 +21,7 @@ from .demo import demo
 from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, Group
 from .golden import golden
 from .ingest import ingest_command
+from .options import version_option
 from .setup import setup
 from .store import export, jobs, replay
 from .trace import trace_job, trace_job_main
@@ -30,7 +31,7 @@ __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_PROBLEM", "EXIT_
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="jobtrace")
+@version_option
 def main() -> None:
     """jobtrace: one trace for every rank of a distributed training job.
 

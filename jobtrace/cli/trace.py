@@ -10,6 +10,7 @@ from jobtrace import config
 from jobtrace.errors import JobNotFound
 
 from .exitcodes import Command, finish
+from .options import version_option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,6 +70,7 @@ def report_and_exit(report: Any, as_json: bool, console: Console | None = None) 
 
 @click.command(name="trace-job", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job_id")
+@version_option
 @click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
               show_default=True, envvar=config.BACKEND, help="Where the job's events are.")
 @click.option("--url", default=None, help="Backend URL (default from JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
