@@ -197,3 +197,32 @@ class TestVersion:
         monkeypatch.setitem(sys.modules, "jobtrace_native", None)  # import fails, as when not built
         res = run(cmd, "--version")
         assert res.exit_code == 0 and "compiled parts: absent" in res.stdout and "pure-Python" in res.stdout
+
+
+class TestBackendOption:
+    @pytest.mark.parametrize("spelling", ["--backend", "--to"])
+    def test_export_takes_backend_and_the_old_to(self, tmp_path, spelling):
+        res = run(main, "export", "nope", spelling, "loki", "--url", "http://127.0.0.1:9", "--data-dir", tmp_path)
+        assert res.exit_code == 3 and "no job 'nope'" in res.stderr
+
+    def test_the_backend_is_required_where_there_is_no_default(self, tmp_path):
+        res = run(main, "export", "x", "--data-dir", tmp_path)
+        assert res.exit_code == 2 and "Missing option '--backend'" in res.stderr
+        assert run(main, "replay", tmp_path).exit_code == 2
+
+    def test_two_different_spellings_are_a_usage_error(self, tmp_path):
+        res = run(main, "replay", tmp_path, "--backend", "loki", "--to", "elasticsearch")
+        assert res.exit_code == 2 and "old spelling" in res.stderr
+
+    @pytest.mark.parametrize("spelling", ["--backend", "--to"])
+    def test_ingest_takes_both_spellings(self, tmp_path, spelling):
+        log = tmp_path / "a.log"
+        log.write_text("2026-01-05 12:00:00,250 - INFO - __main__ - step 1 loss 1.5\n")
+        res = run(main, "ingest", log, "--job", "j", spelling, "local", "--data-dir", tmp_path / "d", "-q")
+        assert res.exit_code == 0, res.output
+        assert (tmp_path / "d" / "j").is_dir()
+
+    def test_help_shows_only_backend(self):
+        for name in ("export", "replay", "ingest"):
+            text = run(main, name, "--help").output
+            assert "--backend" in text and "--to" not in text, name

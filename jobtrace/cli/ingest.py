@@ -15,6 +15,7 @@ import click
 from jobtrace import config
 
 from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, Command
+from .options import backend_option
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ingest import IngestConfig, Ingestor, IngestSummary
 
 INGEST_TARGETS: Final = ("local", "loki", "elasticsearch")
-"""Where ``--to`` sends the events: ``ingest.SINK_KINDS``, spelled here so that reading this
+"""Where ``--backend`` sends the events: ``ingest.SINK_KINDS``, spelled here so that reading this
 command's options does not import the ingest package (a test holds the two equal)."""
 
 __all__ = ["format_summary", "ingest_command", "print_summary"]
@@ -68,8 +69,8 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
     for err in s.errors:
         out.append(f"  error: {err}")
     where = f"{data_dir}/{s.job}" if to == "local" else to
-    out.append(f"  written to {where}; next: trace-job {s.job}" + (f" --data-dir {data_dir}" if to == "local" and
-                                                                    data_dir != "jobtrace-data" else ""))
+    flags = (f" --data-dir {data_dir}" if data_dir != "jobtrace-data" else "") if to == "local" else f" --backend {to}"
+    out.append(f"  written to {where}; next: trace-job {s.job}{flags}")
     return "\n".join(out)
 
 
@@ -89,12 +90,11 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.command(name="ingest", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
-@click.option("--to", "to", type=click.Choice(INGEST_TARGETS), default="local", show_default=True,
-              help="Where the events go.")
+@backend_option(INGEST_TARGETS, default="local", help="Where the events go.")
 @click.option("--url", default=None,
-              help="Server URL for --to loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+              help="Server URL for --backend loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
-              help="Embedded store directory (--to local; the spool for servers lives there too).")
+              help="Embedded store directory (--backend local; the spool for servers lives there too).")
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")
 @click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many seconds without new lines.")
 @click.option("--tz", default="UTC", show_default=True,
@@ -111,7 +111,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--no-hyperscan", is_flag=True, help="Match with Python's re even when Hyperscan is installed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
+def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
                    tz: str, year: int | None, rank_from_filename: str | None, node: str | None, rank: int | None,
                    world_size: int | None, no_align: bool, overwrite: bool, plugin: tuple[str, ...],
                    no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
@@ -140,12 +140,12 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
     cfg = IngestConfig(job=job_id, tz=tz, year=year, align=not no_align, follow=follow, idle_exit_s=idle_exit,
                        rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
                        use_hyperscan=False if no_hyperscan else None)
-    factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
+    factory = open_sink(backend, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
     summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
     if as_json:
         click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2, default=str).decode())
     else:
-        print_summary(summary, Console(), to, data_dir)
+        print_summary(summary, Console(), backend, data_dir)
     # every input failed (the summary says why): an error, not an empty success
     raise click.exceptions.Exit(EXIT_ERROR if summary.errors and not summary.lines else EXIT_HEALTHY)
 

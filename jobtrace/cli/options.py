@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, TypeVar
 
 import click
 
-__all__ = ["version_option", "version_text"]
+__all__ = ["backend_option", "version_option", "version_text"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -42,3 +43,29 @@ def version_option(f: _F) -> _F:
     """``--version``: print :func:`version_text` and exit 0."""
     return click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
                         help="Print the version and whether the compiled parts are installed, and exit.")(f)
+
+
+def backend_option(choices: tuple[str, ...], *, default: str | None, help: str) -> Callable[[_F], _F]:
+    """``--backend`` (the one spelling of the backend choice), with ``--to`` kept as a hidden alias
+    so that scripts written for the old spelling keep running. The command gets ``backend``.
+
+    Without ``default`` the option is required (checked here: with two spellings neither can be
+    required to click).
+    """
+    def decorate(f: _F) -> _F:
+        @functools.wraps(f)
+        def merged(*args: Any, backend: str | None, old_to: str | None, **kwargs: Any) -> Any:
+            if backend and old_to and backend != old_to:
+                raise click.UsageError(f"--to is the old spelling of --backend: give one, not --backend {backend} "
+                                       f"and --to {old_to}")
+            chosen = backend or old_to or default
+            if chosen is None:
+                raise click.MissingParameter(param_type="option", param_hint="'--backend'")
+            return f(*args, backend=chosen, **kwargs)
+
+        wrapped = click.option("--to", "old_to", type=click.Choice(choices), default=None, hidden=True)(merged)
+        return click.option("--backend", type=click.Choice(choices), default=None,
+                            show_default=default or False,
+                            help=help if default else f"{help}  [required]")(wrapped)  # type: ignore[return-value]
+
+    return decorate
