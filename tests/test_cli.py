@@ -226,3 +226,75 @@ class TestBackendOption:
         for name in ("export", "replay", "ingest"):
             text = run(main, name, "--help").output
             assert "--backend" in text and "--to" not in text, name
+
+
+class TestVictoriaLogsShipping:
+    """`--backend victorialogs` for export, replay and ingest: the Loki shipper on VictoriaLogs' `/insert/loki`."""
+
+    def test_the_choices_are_the_shippers_and_the_sinks(self):
+        import ingest
+        import shippers
+        from jobtrace.cli.store import SHIP_TO
+
+        assert SHIP_TO == shippers.SHIPPER_BACKENDS and ("local", *SHIP_TO) == ingest.SINK_KINDS
+
+    def test_the_shipper_is_configured_from_jobtrace_vl(self, tmp_path, monkeypatch):
+        from shippers import ProcessInfo, open_shipper
+
+        monkeypatch.setenv("JOBTRACE_VL_URL", "http://vl:9428")
+        monkeypatch.setenv("JOBTRACE_VL_TENANT", "12:34")
+        monkeypatch.setenv("JOBTRACE_LOKI_URL", "http://loki:3100")
+        shipper = open_shipper("victorialogs", ProcessInfo("j", "n0", 0, 1, tmp_path))
+        try:
+            assert shipper.encoder.url == "http://vl:9428/insert/loki/api/v1/push?disable_message_parsing=1"
+            assert "X-Scope-OrgID" not in shipper.encoder._headers
+            session = shipper.transport._session.headers
+            assert session["AccountID"] == "12" and session["ProjectID"] == "34"
+            assert shipper.spool.dir == tmp_path / "victorialogs-r0"
+        finally:
+            shipper.close()
+
+    def test_without_a_url_it_names_the_variable(self, tmp_path, monkeypatch):
+        monkeypatch.delenv("JOBTRACE_VL_URL", raising=False)
+        write_job(tmp_path, SynthJob(job_id="j", ranks=2, steps=5))
+        res = run(main, "export", "j", "--backend", "victorialogs", "--data-dir", tmp_path)
+        assert res.exit_code == 2 and "JOBTRACE_VL_URL" in res.stderr
+
+    @pytest.mark.servers
+    def test_export_then_trace_job_on_victorialogs_gives_the_local_verdict(self, tmp_path, victorialogs):
+        import json
+        import time
+        import uuid
+
+        job = f"vl-{uuid.uuid4().hex[:8]}"
+        write_job(tmp_path, SynthJob(job_id=job, ranks=4, steps=20, slow_ranks={1: 2.0},
+                                     t0_ns=time.time_ns() - 900 * 10**9))
+        res = run(main, "export", job, "--backend", "victorialogs", "--url", victorialogs.url,
+                  "--data-dir", tmp_path, "--json")
+        assert res.exit_code == 0, res.output
+        summary = json.loads(res.stdout)
+        assert summary["backend"] == "victorialogs" and summary["complete"] and summary["sent"] == summary["lines"]
+        victorialogs.force_flush()
+        there = run(trace_job, job, "--backend", "victorialogs", "--url", victorialogs.url, "--since", "2h", "--json")
+        here = run(trace_job, job, "--data-dir", tmp_path, "--json")
+        assert there.exit_code == here.exit_code == 1, there.output
+        kinds = [sorted((f["kind"], f["ranks"]) for f in json.loads(r.stdout)["findings"]) for r in (here, there)]
+        assert kinds[0] == kinds[1] and ("slow_rank", [1]) in kinds[0]
+
+    @pytest.mark.servers
+    def test_ingest_to_victorialogs_reads_back(self, tmp_path, victorialogs):
+        import uuid
+
+        from queries import TimeRange, load_job
+
+        job = f"vl-ingest-{uuid.uuid4().hex[:8]}"
+        log = tmp_path / "rank0.log"
+        log.write_text("".join(f"2026-01-05 12:00:0{s},250 - INFO - __main__ - step {s} loss 1.5\n" for s in range(5)))
+        res = run(main, "ingest", log, "--job", job, "--backend", "victorialogs", "--url", victorialogs.url,
+                  "--data-dir", tmp_path / "d")
+        assert res.exit_code == 0, res.output
+        assert f"next: trace-job {job} --backend victorialogs" in " ".join(res.stdout.split())
+        victorialogs.force_flush()
+        t0 = 1_767_614_400 * 10**9  # 2026-01-05 12:00 UTC
+        there = load_job("victorialogs", job, url=victorialogs.url, time_range=TimeRange(t0 - 3600 * 10**9, t0 + 3600 * 10**9))
+        assert there.stats.events > 0

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ingest import IngestConfig, Ingestor, IngestSummary
 
-INGEST_TARGETS: Final = ("local", "loki", "elasticsearch")
+INGEST_TARGETS: Final = ("local", "loki", "victorialogs", "elasticsearch")
 """Where ``--backend`` sends the events: ``ingest.SINK_KINDS``, spelled here so that reading this
 command's options does not import the ingest package (a test holds the two equal)."""
 
@@ -92,7 +92,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
 @backend_option(INGEST_TARGETS, default="local", help="Where the events go.")
 @click.option("--url", default=None,
-              help="Server URL for --backend loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+              help="Server URL for a server backend (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
               help="Embedded store directory (--backend local; the spool for servers lives there too).")
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")

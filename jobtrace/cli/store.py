@@ -11,8 +11,9 @@ from jobtrace import config
 from .exitcodes import Command, finish
 from .options import backend_option
 
-SHIP_TO: Final = ("loki", "elasticsearch")
-"""The servers ``export`` and ``replay`` send to (``shippers.open_shipper``'s backends)."""
+SHIP_TO: Final = ("loki", "victorialogs", "elasticsearch")
+"""The servers ``export`` and ``replay`` send to: ``shippers.SHIPPER_BACKENDS``, spelled here so that
+reading the options imports no shipper (a test holds the two equal)."""
 
 __all__ = ["export", "jobs", "replay"]
 
@@ -20,7 +21,8 @@ __all__ = ["export", "jobs", "replay"]
 @click.command(cls=Command)
 @click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
 @backend_option(SHIP_TO, default=None, help="The spool's backend.")
-@click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+@click.option("--url", default=None,
+              help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Give up waiting after this many seconds (what is left stays spooled).")
 def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> None:
@@ -52,13 +54,14 @@ def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> N
 @click.command(name="export", cls=Command)
 @click.argument("job_id")
 @backend_option(SHIP_TO, default=None, help="Where to send the job.")
-@click.option("--url", default=None, help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+@click.option("--url", default=None,
+              help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Stop after this many seconds; what the server has not taken is reported (a rerun is safe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export(job_id: str, backend: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:
-    """Send JOB_ID from the embedded store to Loki or Elasticsearch/OpenSearch (credentials from the environment).
+    """Send JOB_ID from the embedded store to Loki, VictoriaLogs or Elasticsearch/OpenSearch (credentials from the environment).
 
     Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 2 usage
     error, 3 error (job not found, server unreachable), 4 internal error (rerun with --debug).
