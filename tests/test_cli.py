@@ -298,3 +298,53 @@ class TestVictoriaLogsShipping:
         t0 = 1_767_614_400 * 10**9  # 2026-01-05 12:00 UTC
         there = load_job("victorialogs", job, url=victorialogs.url, time_range=TimeRange(t0 - 3600 * 10**9, t0 + 3600 * 10**9))
         assert there.stats.events > 0
+
+
+class TestNoFallbackToTheLocalStore:
+    """A job missing from the named server is not looked for in the embedded store."""
+
+    @pytest.fixture
+    def empty_loki(self, monkeypatch):
+        """`--backend loki` answered by the Loki stand-in of tests/loki, holding nothing."""
+        import queries
+        from shippers import InMemoryTransport
+        from tests.loki.fake_loki import FakeLoki
+
+        fake, real = FakeLoki(), queries.load_job
+
+        def load_job(backend, job_id, **kw):
+            assert backend == "loki"
+            return real(backend, job_id, transport=InMemoryTransport(fake), **kw)
+
+        monkeypatch.setattr(queries, "load_job", load_job)
+        return fake
+
+    def test_a_job_only_in_the_local_store_is_not_found_on_loki(self, store, empty_loki):
+        res = run(trace_job, "slow", "--backend", "loki", "--url", "http://loki:3100", "--data-dir", store)
+        assert res.exit_code == 3, res.output
+        assert "no events for job 'slow' in Loki at http://loki:3100" in res.stderr and res.stdout == ""
+        assert empty_loki.queries  # Loki was asked, and only Loki
+
+    def test_with_dumps_the_report_is_the_dumps_alone_and_says_so(self, store, empty_loki):
+        import json
+
+        from tests.queries.test_diagnosis import _write_fr
+
+        _write_fr(store / "fr", ranks=4, stuck=2)
+        res = run(trace_job, "slow", "--backend", "loki", "--url", "http://loki:3100", "--data-dir", store,
+                  "--flight-recorder", store / "fr", "--stall-threshold", "0.5", "--json")
+        assert res.exit_code == 1, res.output
+        assert "note: no events for job 'slow' in Loki" in res.stderr and "Flight Recorder dumps alone" in res.stderr
+        kinds = {f["kind"]: f["ranks"] for f in json.loads(res.stdout)["findings"]}
+        assert kinds.get("stalled_rank") == [2] and "slow_rank" not in kinds  # the local store's slow rank is not in
+
+    def test_the_local_backend_still_makes_a_job_of_dumps_alone(self, store):
+        import json
+
+        from tests.queries.test_diagnosis import _write_fr
+
+        _write_fr(store / "fr", ranks=4, stuck=2)
+        res = run(trace_job, "frjob", "--data-dir", store, "--flight-recorder", store / "fr", "--stall-threshold", "0.5",
+                  "--json")
+        assert res.exit_code == 1 and "note:" not in res.stderr
+        assert [f["ranks"] for f in json.loads(res.stdout)["findings"] if f["kind"] == "stalled_rank"] == [[2]]

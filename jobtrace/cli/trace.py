@@ -87,18 +87,25 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
     Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error (job not found, store or backend
     unreadable), 4 internal error (rerun with --debug for the traceback).
     """
+    from dataclasses import replace
+
     from queries import AnalysisConfig
     from queries import trace_job as run_trace
-    from queries import TimeRange, load_job
+    from queries import TimeRange, load_flight_recorder, load_job
 
     rng = TimeRange.parse(since, until) if backend != "local" else None
     opts = _trace_options(views)
     try:
         job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
-    except JobNotFound:
+    except JobNotFound as exc:
         if not opts.flight_recorder:
-            raise
-        job = None  # a job known only from its Flight Recorder dumps
+            raise  # exit 3, the message naming the backend it was not found in
+        # A job known only from its Flight Recorder dumps: made of them alone, never of the embedded
+        # store when a server was named (the report would mix two backends without saying so).
+        if backend != "local":
+            click.echo(f"note: {exc}; reporting on the Flight Recorder dumps alone", err=True)
+        job = load_flight_recorder(job_id, opts.flight_recorder)
+        opts = replace(opts, flight_recorder=())
     report, _ = run_trace(job_id, data_dir, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor), opts, job=job)
     report_and_exit(report, as_json)
 
