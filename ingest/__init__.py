@@ -4,7 +4,8 @@
     summary = Ingestor(IngestConfig(job="run-42"), open_sink("local", "run-42")).run(["logs/"])
 
 Then ``trace-job run-42`` reports on the job as for an instrumented one. The command
-line is ``jobtrace ingest PATH... --job ID``. Parsers for Megatron-LM, DeepSpeed,
+line is ``jobtrace ingest PATH... --job ID`` (:mod:`jobtrace.cli`; this package holds the
+library only). Parsers for Megatron-LM, DeepSpeed,
 Hugging Face, torch.distributed/NCCL failures and plain ``step N loss x`` lines are
 built in; :func:`register_parser` adds one of your own (see :class:`Parser`).
 """
@@ -12,8 +13,9 @@ built in; :func:`register_parser` adds one of your own (see :class:`Parser`).
 from __future__ import annotations
 
 from ._align import ClockOffset, estimate_offsets
+from ._allocator import keep_freed_memory
 from ._engine import IngestConfig, Ingestor, IngestSummary, default_registry, register_parser
-from ._sinks import MemorySink, open_sink
+from ._sinks import SINK_KINDS, MemorySink, open_sink
 from ._timestamps import parse_timestamp
 from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
 
@@ -30,10 +32,12 @@ __all__ = [
     "MemorySink",
     "Parser",
     "ParserRegistry",
+    "SINK_KINDS",
     "Skip",
     "StreamState",
     "default_registry",
     "estimate_offsets",
+    "keep_freed_memory",
     "open_sink",
     "parse_timestamp",
     "register_parser",

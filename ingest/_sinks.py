@@ -17,7 +17,7 @@ from shippers import LocalStoreSink, Sink
 
 __all__ = ["SINK_KINDS", "MemorySink", "SinkFactory", "open_sink"]
 
-SINK_KINDS: Final = ("local", "loki", "elasticsearch")
+SINK_KINDS: Final = ("local", "loki", "victorialogs", "elasticsearch")
 
 SinkFactory = Callable[[str, int], Sink]
 """``(node, rank) -> Sink``: called once per (node, rank) the ingest writes for."""
@@ -42,7 +42,7 @@ class MemorySink:
 
 def open_sink(kind: str, job: str, *, data_dir: str | os.PathLike[str] = "jobtrace-data", overwrite: bool = False,
               **options: object) -> SinkFactory:
-    """A factory of sinks of ``kind`` (``local``, ``loki`` or ``elasticsearch``) for ``job``.
+    """A factory of sinks of ``kind`` (``local``, ``loki``, ``victorialogs`` or ``elasticsearch``) for ``job``.
 
     ``overwrite`` (local only) first removes the job's earlier ingested files
     (``*.p0.jsonl``), so ingesting the same logs twice does not double the events.
@@ -58,7 +58,7 @@ def open_sink(kind: str, job: str, *, data_dir: str | os.PathLike[str] = "jobtra
             return LocalStoreSink(data_dir, job, node or "unknown", rank, 0)
 
         return local
-    if kind in ("loki", "elasticsearch"):
+    if kind in ("loki", "victorialogs", "elasticsearch"):
         return _network(kind, job, data_dir, options.get("url"))  # type: ignore[arg-type]
     raise ConfigError(f"unknown sink {kind!r}; expected one of {', '.join(SINK_KINDS)}")
 

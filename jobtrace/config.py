@@ -186,7 +186,8 @@ LOKI_QUERY_PARALLEL: Final = _var("JOBTRACE_LOKI_QUERY_PARALLEL", "int", "4",
                                   "Queries in flight when `trace-job` reads Loki.", _G)
 
 VL: Final = _server("VL", "VictoriaLogs", "Tenant, `<AccountID>[:<ProjectID>]`.",
-                    "VictoriaLogs URL for `trace-job --backend victorialogs`.")
+                    "VictoriaLogs URL for `trace-job --backend victorialogs`, and for `--backend victorialogs` "
+                    "of `jobtrace export`, `replay` and `ingest` (pushed to its `/insert/loki`).")
 VL_QUERY_PARALLEL: Final = _var("JOBTRACE_VL_QUERY_PARALLEL", "int", "4",
                                 "Queries in flight when `trace-job` reads VictoriaLogs.", "VictoriaLogs")
 

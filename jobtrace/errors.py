@@ -3,6 +3,7 @@ the export path inside a training process returns results and counts instead.
 
     JobtraceError
     ├── ConfigError            bad arguments, variables or config files
+    ├── Refused                declined because of what was found (an unhealthy job kept as golden)
     ├── StoreError             the embedded store cannot be written or read
     ├── ShipperError
     │   ├── BackendUnavailable      the server did not answer (retryable)
@@ -19,6 +20,7 @@ __all__ = [
     "JobNotFound",
     "JobtraceError",
     "QueryError",
+    "Refused",
     "RejectedByBackend",
     "ShipperError",
     "StoreError",
@@ -31,6 +33,11 @@ class JobtraceError(Exception):
 
 class ConfigError(JobtraceError):
     pass
+
+
+class Refused(JobtraceError):
+    """The request was understood and declined because of what jobtrace found, not because it
+    failed: keeping an unhealthy job as a golden run, say. The CLI exits 1 (problem found)."""
 
 
 class StoreError(JobtraceError):

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from jobtrace.errors import JobNotFound
+from jobtrace.errors import JobNotFound, Refused
 
 from ._analysis import analyze
 from ._flight_recorder import add_flight_recorder, load_flight_recorder
@@ -65,11 +65,14 @@ def trace_job(job_id: str, data_dir: str | os.PathLike[str], cfg: AnalysisConfig
 def mark_golden(job_id: str, data_dir: str | os.PathLike[str], name: str | None = None,
                 directory: str | os.PathLike[str] | None = None, cfg: AnalysisConfig | None = None,
                 force: bool = False) -> tuple[str, Report]:
-    """Keep a finished job as a reference; refuses an unhealthy one unless ``force``. Returns the file path."""
+    """Keep a finished job as a reference; refuses an unhealthy one unless ``force``. Returns the file path.
+
+    Raises :class:`~jobtrace.errors.Refused` for an unhealthy job (a finding, not a failure).
+    """
     job = load_local(data_dir, job_id)
     report = analyze(job, cfg)
     if not report.healthy and not force:
         bad = ", ".join(sorted({f.kind for f in report.findings if f.severity in ("error", "warning")}))
-        raise ValueError(f"job {job_id!r} is not healthy ({bad}); pass force to keep it as a reference anyway")
+        raise Refused(f"job {job_id!r} is not healthy ({bad}); pass force to keep it as a reference anyway")
     path = save_golden(profile_job(job, name or job_id), directory or golden_dir(data_dir))
     return str(path), report

@@ -14,7 +14,7 @@ from ._local import LocalStoreSink
 from ._loki_logging import LokiHandler
 from ._otlp import OtlpSpanSink, RootSpan
 from ._process import ProcessInfo
-from ._registry import NETWORK_BACKENDS, local_store_enabled, network_sinks_from_env, open_shipper
+from ._registry import NETWORK_BACKENDS, SHIPPER_BACKENDS, local_store_enabled, network_sinks_from_env, open_shipper
 from ._sender import Encoder, Outcome, SenderStats, SpoolingSender
 from ._spool import Batch, DeadLetter, Spool
 from jobtrace.http import (
@@ -29,6 +29,7 @@ from jobtrace.http import (
 
 __all__ = [
     "NETWORK_BACKENDS",
+    "SHIPPER_BACKENDS",
     "Batch",
     "BatchWorker",
     "DeadLetter",

@@ -47,7 +47,7 @@ import gzip
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -62,7 +62,7 @@ from loki import LABEL_KEYS, METADATA_KEYS, is_label_name, label_string
 from ._process import ProcessInfo
 from ._sender import Outcome, SpoolingSender
 
-__all__ = ["LokiEncoder", "LokiOptions", "LokiShipper", "push_url"]
+__all__ = ["LokiEncoder", "LokiOptions", "LokiShipper", "push_url", "victorialogs_push_base"]
 
 _log = logging.getLogger("jobtrace.export")
 
@@ -89,6 +89,16 @@ def push_url(url: str) -> str:
         if "disable_message_parsing" not in params:
             query = urlencode([*parse_qsl(query, keep_blank_values=True), ("disable_message_parsing", "1")])
     return urlunsplit(parts._replace(path=path, query=query))
+
+
+def victorialogs_push_base(url: str) -> str:
+    """VictoriaLogs' Loki ingest for the URL a user gave it: ``http://vl:9428`` → ``…/insert/loki``
+    (kept when the URL already points there), for :func:`push_url`."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if "/insert/loki" not in path:
+        path += "/insert/loki"
+    return urlunsplit(parts._replace(path=path))
 
 
 def _parse_labels(raw: str, var: str) -> dict[str, str]:
@@ -558,4 +568,33 @@ class LokiShipper(SpoolingSender):
         encoder = LokiEncoder(push_url(http.url), options or LokiOptions.from_env(), tenant=http.tenant,
                               defaults={"job": info.job_id, "node": info.node})
         return cls(encoder, transport or RequestsTransport(http), info.spool_dir("loki"),
+                   policy=policy, timeout_s=sender_options.pop("timeout_s", http.timeout_s), **sender_options)
+
+    @classmethod
+    def for_victorialogs(
+        cls,
+        info: ProcessInfo,
+        *,
+        url: str | None = None,
+        options: LokiOptions | None = None,
+        transport: Transport | None = None,
+        policy: RetryPolicy | None = None,
+        **sender_options: Any,
+    ) -> LokiShipper:
+        """The same shipper pushing to VictoriaLogs' Loki ingest (``<url>/insert/loki``): connection and
+        secrets from ``JOBTRACE_VL_*``, the URL ``trace-job --backend victorialogs`` reads, and its
+        tenant (``<AccountID>[:<ProjectID>]``) sent as VictoriaLogs' headers, not Loki's
+        ``X-Scope-OrgID``; encoding from :meth:`LokiOptions.from_env` (the wire is Loki's). Spools
+        under ``info.spool_dir("victorialogs")``."""
+        http = HttpConfig.from_env(config.VL.prefix, url)
+        headers = dict(http.extra_headers)
+        if http.tenant:
+            account, _, project = http.tenant.partition(":")
+            headers["AccountID"] = account
+            if project:
+                headers["ProjectID"] = project
+        http = replace(http, tenant=None, extra_headers=headers)
+        encoder = LokiEncoder(push_url(victorialogs_push_base(http.url)), options or LokiOptions.from_env(),
+                              defaults={"job": info.job_id, "node": info.node})
+        return cls(encoder, transport or RequestsTransport(http), info.spool_dir("victorialogs"),
                    policy=policy, timeout_s=sender_options.pop("timeout_s", http.timeout_s), **sender_options)

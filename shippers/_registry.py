@@ -17,26 +17,35 @@ from ._batch import Sink
 from ._process import ProcessInfo
 from ._sender import SpoolingSender
 
-__all__ = ["NETWORK_BACKENDS", "local_store_enabled", "network_sinks_from_env", "open_shipper"]
+__all__ = ["NETWORK_BACKENDS", "SHIPPER_BACKENDS", "local_store_enabled", "network_sinks_from_env", "open_shipper"]
 
 NETWORK_BACKENDS = ("loki", "elasticsearch")
+"""The shippers a process starts from its environment (their URL variable set)."""
+
+SHIPPER_BACKENDS = ("loki", "victorialogs", "elasticsearch")
+"""What :func:`open_shipper` opens: VictoriaLogs through its Loki ingest, for ``jobtrace export``,
+``replay`` and ``ingest`` (``JOBTRACE_VL_URL`` names the server to read, so it starts no shipper)."""
 
 
 def open_shipper(backend: str, info: ProcessInfo, url: str | None = None) -> SpoolingSender:
-    """The shipper for ``backend`` (``loki`` or ``elasticsearch``), configured from the environment.
+    """The shipper for ``backend`` (one of :data:`SHIPPER_BACKENDS`), configured from the environment.
 
-    ``url`` overrides ``JOBTRACE_LOKI_URL`` / ``JOBTRACE_ES_URL``; credentials and TLS
-    still come from the environment only, so they never appear on a command line.
+    ``url`` overrides ``JOBTRACE_LOKI_URL`` / ``JOBTRACE_VL_URL`` / ``JOBTRACE_ES_URL``; credentials
+    and TLS still come from the environment only, so they never appear on a command line.
     """
     if backend == "loki":
         from ._loki import LokiShipper
 
         return LokiShipper.from_env(info, url=url)
+    if backend == "victorialogs":
+        from ._loki import LokiShipper
+
+        return LokiShipper.for_victorialogs(info, url=url)
     if backend == "elasticsearch":
         from ._elasticsearch import ElasticsearchShipper
 
         return ElasticsearchShipper.from_env(info, url=url)
-    raise ConfigError(f"unknown backend {backend!r}; expected one of {', '.join(NETWORK_BACKENDS)}")
+    raise ConfigError(f"unknown backend {backend!r}; expected one of {', '.join(SHIPPER_BACKENDS)}")
 
 
 def network_sinks_from_env(info: ProcessInfo) -> list[Sink]:

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import orjson
 
+from jobtrace.errors import ShipperError
+
 __all__ = ["Batch", "DeadLetter", "Spool"]
 
 _SEG = "seg-{:012d}.jsonl"
@@ -50,7 +52,8 @@ class Spool:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._lock_fd)
-            raise RuntimeError(f"spool {self.dir} is in use by another process") from None
+            # a user-facing refusal (``jobtrace replay`` on a live spool), so part of the exception tree
+            raise ShipperError(f"spool {self.dir} is in use by another process") from None
         self._segment_bytes = segment_bytes
         self._mutex = threading.Lock()
         self.read_seg, self.read_off = self._load_cursor()

@@ -49,10 +49,11 @@ def test_the_ingest_command_sets_the_thresholds(monkeypatch, tmp_path):
     """The command, not the library: a process that merely calls Ingestor keeps its allocator as it was."""
     from click.testing import CliRunner
 
-    import ingest._cli as cli
+    import ingest
+    import jobtrace.cli.ingest as cli
 
     calls: list[int] = []
-    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(ingest, "keep_freed_memory", lambda: calls.append(1) or True)
     log = tmp_path / "a.log"
     log.write_text("2026-01-05 12:00:00,250 - INFO - __main__ - step 1 loss 1.5\n")
     res = CliRunner().invoke(cli.ingest_command, [str(log), "--job", "j", "--data-dir", str(tmp_path / "d"), "-q"])

@@ -10,7 +10,7 @@ import time
 import orjson
 import pytest
 
-from jobtrace.errors import BackendUnavailable
+from jobtrace.errors import BackendUnavailable, ShipperError
 from shippers import (
     BatchWorker,
     InMemoryTransport,
@@ -132,7 +132,7 @@ class TestSpool:
 
     def test_one_spool_directory_cannot_be_used_twice(self, tmp_path):
         sp = Spool(tmp_path)
-        with pytest.raises(RuntimeError, match="in use"):
+        with pytest.raises(ShipperError, match="in use"):
             Spool(tmp_path)
         sp.close()
 

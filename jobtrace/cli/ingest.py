@@ -1,26 +1,30 @@
 """``jobtrace ingest PATH... --job ID``: the command, its progress bar and its closing summary.
 
 ``format_summary`` returns the text; ``print_summary`` renders it; the click command
-comes last and maps errors to the exit codes of :mod:`jobtrace.cli` (2 usage, 3 error).
+comes last; its errors end in the exit codes of :mod:`jobtrace.cli.exitcodes`.
 """
 
 from __future__ import annotations
 
 import importlib
 import signal
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import click
-import orjson
-from rich.console import Console
 
 from jobtrace import config
-from jobtrace.errors import JobtraceError
 
-from ._allocator import keep_freed_memory
-from ._engine import IngestConfig, Ingestor, IngestSummary
-from ._sinks import SINK_KINDS, open_sink
+from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, Command
+from .options import backend_option
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ingest import IngestConfig, Ingestor, IngestSummary
+
+INGEST_TARGETS: Final = ("local", "loki", "victorialogs", "elasticsearch")
+"""Where ``--backend`` sends the events: ``ingest.SINK_KINDS``, spelled here so that reading this
+command's options does not import the ingest package (a test holds the two equal)."""
 
 __all__ = ["format_summary", "ingest_command", "print_summary"]
 
@@ -65,12 +69,13 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
     for err in s.errors:
         out.append(f"  error: {err}")
     where = f"{data_dir}/{s.job}" if to == "local" else to
-    out.append(f"  written to {where}; next: trace-job {s.job}" + (f" --data-dir {data_dir}" if to == "local" and
-                                                                    data_dir != "jobtrace-data" else ""))
+    flags = (f" --data-dir {data_dir}" if data_dir != "jobtrace-data" else "") if to == "local" else f" --backend {to}"
+    out.append(f"  written to {where}; next: trace-job {s.job}{flags}")
     return "\n".join(out)
 
 
 def print_summary(s: IngestSummary, console: Console, to: str = "local", data_dir: str = "jobtrace-data") -> None:
+    """Render :func:`format_summary` (as written: no markup, no highlighting)."""
     console.print(format_summary(s, to, data_dir), highlight=False, markup=False)
 
 
@@ -82,15 +87,14 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
             raise click.BadParameter(f"cannot import plugin {name!r}: {exc}", param_hint="--plugin") from exc
 
 
-@click.command(name="ingest", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(name="ingest", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--job", "job_id", required=True, help="Job id for the events (trace-job JOB afterwards).")
-@click.option("--to", "to", type=click.Choice(SINK_KINDS), default="local", show_default=True,
-              help="Where the events go.")
+@backend_option(INGEST_TARGETS, default="local", help="Where the events go.")
 @click.option("--url", default=None,
-              help="Server URL for --to loki/elasticsearch (default JOBTRACE_LOKI_URL / JOBTRACE_ES_URL).")
+              help="Server URL for a server backend (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
-              help="Embedded store directory (--to local; the spool for servers lives there too).")
+              help="Embedded store directory (--backend local; the spool for servers lives there too).")
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")
 @click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many seconds without new lines.")
 @click.option("--tz", default="UTC", show_default=True,
@@ -107,7 +111,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--no-hyperscan", is_flag=True, help="Match with Python's re even when Hyperscan is installed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
+def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
                    tz: str, year: int | None, rank_from_filename: str | None, node: str | None, rank: int | None,
                    world_size: int | None, no_align: bool, overwrite: bool, plugin: tuple[str, ...],
                    no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
@@ -115,8 +119,15 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
 
     Megatron-LM, DeepSpeed, Hugging Face Trainer, torchrun/NCCL failures and plain
     "step N loss x time T ms" lines are recognised from the lines themselves.
-    Exit status: 0 done, 2 usage error, 3 error.
+
+    Exit status: 0 done, 2 usage error (also: a path that is not there, a server without a URL),
+    3 error (nothing read, store or server unusable), 4 internal error (rerun with --debug).
     """
+    import orjson
+    from rich.console import Console
+
+    from ingest import IngestConfig, open_sink
+
     err = Console(stderr=True)
     _load_plugins(plugin)
     if rank_from_filename:
@@ -129,23 +140,22 @@ def ingest_command(paths: tuple[str, ...], job_id: str, to: str, url: str | None
     cfg = IngestConfig(job=job_id, tz=tz, year=year, align=not no_align, follow=follow, idle_exit_s=idle_exit,
                        rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
                        use_hyperscan=False if no_hyperscan else None)
-    try:
-        factory = open_sink(to, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
-        summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
-    except JobtraceError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(3)
+    factory = open_sink(backend, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
+    summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
     if as_json:
         click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2, default=str).decode())
     else:
-        print_summary(summary, Console(), to, data_dir)
-    sys.exit(3 if summary.errors and not summary.lines else 0)
+        print_summary(summary, Console(), backend, data_dir)
+    # every input failed (the summary says why): an error, not an empty success
+    raise click.exceptions.Exit(EXIT_ERROR if summary.errors and not summary.lines else EXIT_HEALTHY)
 
 
 def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see _allocator)
+    from ingest import Ingestor, keep_freed_memory
+
+    keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see ingest.keep_freed_memory)
     if not show:
         ing = Ingestor(cfg, factory)
         return _with_sigint(ing, paths)

@@ -1,0 +1,46 @@
+"""Command line: ``trace-job`` (the lookup) and ``jobtrace`` (demo, jobs, and the rest).
+
+One module per command group: :mod:`.trace` (``trace-job``, ``jobtrace trace``),
+:mod:`.ingest`, :mod:`.store` (``jobs``, ``export``, ``replay``), :mod:`.golden`,
+:mod:`.setup` and :mod:`.demo`. :mod:`.exitcodes` maps every error to the exit code
+it ends a command with, the same for every command:
+
+    0    healthy, or done: no problem found, everything sent
+    1    problem found (a slow, stalled or silent rank, NaN loss, something unsent, a refusal)
+    2    usage error: a bad option or argument, or a ConfigError (bad variable, missing URL or file)
+    3    error: any other JobtraceError (job not found, store unreadable, backend unreachable)
+    4    internal error: any other exception (a bug); one line, the traceback with --debug
+    130  interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import click
+
+from .demo import demo
+from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, Group
+from .golden import golden
+from .ingest import ingest_command
+from .options import version_option
+from .setup import setup
+from .store import export, jobs, replay
+from .trace import trace_job, trace_job_main
+
+__all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_PROBLEM", "EXIT_USAGE", "main", "trace_job",
+           "trace_job_main"]
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
+def main() -> None:
+    """jobtrace: one trace for every rank of a distributed training job.
+
+    Exit status: 0 healthy or done, 1 problem found, 2 usage error, 3 error (job not found, store
+    unreadable, backend unreachable), 4 internal error (rerun with --debug); the same for every
+    command, whose help says what each means for it.
+    """
+
+
+for _command, _name in ((trace_job, "trace"), (ingest_command, "ingest"), (setup, "setup"), (replay, "replay"),
+                        (export, "export"), (jobs, "jobs"), (golden, "golden"), (demo, "demo")):
+    main.add_command(_command, name=_name)

@@ -1,0 +1,63 @@
+"""``jobtrace demo``: a real torch.distributed job with an injected fault (:mod:`jobtrace.demo`), then its report."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from jobtrace import config
+from jobtrace.errors import JobtraceError
+
+from .exitcodes import Command
+from .trace import report_and_exit
+
+__all__ = ["demo"]
+
+
+@click.command(cls=Command)
+@click.option("--ranks", type=click.IntRange(2, 64), default=4, show_default=True)
+@click.option("--steps", type=click.IntRange(3), default=30, show_default=True)
+@click.option("--slow-rank", type=int, multiple=True, help="Make this rank slow (repeatable).")
+@click.option("--slow-ms", type=float, default=40.0, show_default=True, help="Extra forward time of a slow rank.")
+@click.option("--hang-rank", type=int, default=None, help="Make this rank hang forever.")
+@click.option("--hang-step", type=int, default=8, show_default=True)
+@click.option("--nan-step", type=int, default=None, help="Make rank 0's loss NaN from this step.")
+@click.option("--ranks-per-node", type=int, default=0, help="Simulate nodes of this many ranks.")
+@click.option("--job-id", default=None, help="Default: demo-<time>.")
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+@click.option("--verbose", is_flag=True, help="Show the training job's own output.")
+@click.option("--json", "as_json", is_flag=True)
+def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, hang_rank: int | None, hang_step: int,
+         nan_step: int | None, ranks_per_node: int, job_id: str | None, data_dir: str, verbose: bool,
+         as_json: bool) -> None:
+    """Run a real torch.distributed job (gloo, CPU) with an injected fault, then trace it.
+
+    Exit status: 0 healthy, 1 problem found (the injected fault, as it should be), 2 usage error,
+    3 error (torch missing, job not found), 4 internal error (rerun with --debug).
+    """
+    from rich.console import Console
+
+    from jobtrace.demo import DemoConfig, run_job
+    from queries import AnalysisConfig, analyze, load_local
+
+    for r in (*slow_rank, *( [hang_rank] if hang_rank is not None else [])):
+        if not 0 <= r < ranks:
+            raise click.BadParameter(f"rank {r} is not in 0..{ranks - 1}")
+    console = Console(stderr=as_json)
+    job_id = job_id or time.strftime("demo-%Y%m%d-%H%M%S")
+    cfg = DemoConfig(job_id=job_id, data_dir=data_dir, ranks=ranks, steps=steps, slow_ranks=list(slow_rank),
+                     slow_ms=slow_ms, hang_rank=hang_rank, hang_step=hang_step, nan_step=nan_step,
+                     ranks_per_node=ranks_per_node, quiet=not verbose)
+    fault = (f"slow ranks {list(slow_rank)}" if slow_rank else "") + (f" hang rank {hang_rank}" if hang_rank is not None else "")
+    console.print(f"[bold]jobtrace demo[/]: job {job_id}, {ranks} ranks, {steps} steps, {fault.strip() or 'no fault'}")
+    t0 = time.monotonic()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise JobtraceError("the demo needs torch: pip install 'jobtrace[torch]'") from None
+    rc = run_job(cfg)
+    console.print(f"job {'stopped after a stall' if rc == -1 else f'exited with {rc}'} in {time.monotonic() - t0:.1f}s; "
+                  f"tracing it: trace-job {job_id} --data-dir {data_dir}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))
+    report = analyze(load_local(data_dir, job_id), AnalysisConfig(stall_s=cfg.stall_s if hang_rank is not None else 300.0))
+    report_and_exit(report, as_json)

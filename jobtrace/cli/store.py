@@ -1,0 +1,108 @@
+"""``jobtrace jobs``, ``export`` and ``replay``: the embedded store's jobs, and moving them to a server."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import click
+
+from jobtrace import config
+
+from .exitcodes import Command, finish
+from .options import backend_option
+
+SHIP_TO: Final = ("loki", "victorialogs", "elasticsearch")
+"""The servers ``export`` and ``replay`` send to: ``shippers.SHIPPER_BACKENDS``, spelled here so that
+reading the options imports no shipper (a test holds the two equal)."""
+
+__all__ = ["export", "jobs", "replay"]
+
+
+@click.command(cls=Command)
+@click.argument("spool_dir", type=click.Path(exists=True, file_okay=False))
+@backend_option(SHIP_TO, default=None, help="The spool's backend.")
+@click.option("--url", default=None,
+              help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Give up waiting after this many seconds (what is left stays spooled).")
+def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> None:
+    """Send what a shipper left in SPOOL_DIR (a server outage outlasting the job), in order, then exit.
+
+    Exit status: 0 all sent, 1 some left (still spooled), 2 usage error, 3 error (server unreachable
+    or refusing, spool in use), 4 internal error (rerun with --debug).
+    """
+    import os
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from shippers import ProcessInfo, open_shipper
+
+    console = Console(stderr=True)
+    path = Path(spool_dir)
+    info = ProcessInfo("replay", "replay", 0, os.getpid(), path.parent, spool_override=path)
+    shipper = open_shipper(backend, info, url)
+    pending = shipper.spool.pending_bytes()
+    done = shipper.wait_idle(timeout_s)
+    shipper.close()
+    stats = shipper.stats
+    console.print(f"replayed {pending} bytes: {stats.sent} events accepted, {stats.rejected} refused "
+                  f"(dead-letter: {shipper.dead_letter.path}), {stats.spooled_bytes} bytes left")
+    finish(done)
+
+
+@click.command(name="export", cls=Command)
+@click.argument("job_id")
+@backend_option(SHIP_TO, default=None, help="Where to send the job.")
+@click.option("--url", default=None,
+              help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Stop after this many seconds; what the server has not taken is reported (a rerun is safe).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def export(job_id: str, backend: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:
+    """Send JOB_ID from the embedded store to Loki, VictoriaLogs or Elasticsearch/OpenSearch (credentials from the environment).
+
+    Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 2 usage
+    error, 3 error (job not found, server unreachable), 4 internal error (rerun with --debug).
+    """
+    import orjson
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from shippers import export_job
+
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
+        task = bar.add_task(f"export {job_id}", total=None)
+        summary = export_job(data_dir, job_id, backend, url=url, timeout_s=timeout_s,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if as_json:
+        click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        s = summary
+        console.print(f"exported {s.job} to {s.backend}: {s.files} files ({s.from_segments} rebuilt from segments), "
+                      f"{s.lines} lines, {s.sent} accepted, {s.refused} refused, {s.torn} torn and {s.corrupt} corrupt lines skipped "
+                      f"in {s.seconds:.1f}s", highlight=False)
+        if s.refused:
+            console.print(f"refused lines are kept in {s.dead_letter}", highlight=False)
+        if s.left_bytes:
+            console.print(f"{s.left_bytes} bytes not yet accepted: jobtrace replay {s.spool} --backend {s.backend}",
+                          highlight=False)
+        if s.unread_files:
+            console.print(f"{len(s.unread_files)} files not sent before the timeout; run the export again "
+                          "(Elasticsearch and Loki keep one copy of a line sent twice)", highlight=False)
+    finish(summary.complete)
+
+
+@click.command(cls=Command)
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+def jobs(data_dir: str) -> None:
+    """List the jobs in the embedded store.
+
+    Exit status: 0 listed, 2 usage error, 3 error (store unreadable), 4 internal error (rerun with --debug).
+    """
+    from queries import list_local_jobs
+
+    for job in list_local_jobs(data_dir):
+        click.echo(job)
