@@ -175,6 +175,8 @@ def test_spans_logs_and_metrics_appended_directly_stay_bounded_and_all_arrive(tm
     release = threading.Event()
 
     class StalledSink:
+        takes_chunks = False
+
         def __init__(self) -> None:
             self.lines: list[bytes] = []
 
