@@ -32,20 +32,14 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from jobtrace.events import SCHEMA_VERSION, encode
-
-from ._batch import BatchWorker
-from ._loki import (
-    LABEL_KEYS,
-    METADATA_KEYS,
-    LokiEncoder,
-    LokiOptions,
-    LokiShipper,
-    push_url,
-)
 from jobtrace import config
+from jobtrace.events import SCHEMA_VERSION, encode
 from jobtrace.http import HttpConfig, RequestsTransport
 from jobtrace.identity import trace_id_for_job
+from loki import LABEL_KEYS, METADATA_KEYS
+
+from ._batch import BatchWorker
+from ._loki import LokiEncoder, LokiOptions, LokiShipper, push_url
 
 __all__ = ["LokiHandler"]
 
