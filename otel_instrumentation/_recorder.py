@@ -34,11 +34,11 @@ from contextlib import AbstractContextManager
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final, Mapping
 
 import orjson
 
-from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines, json_default
+from jobtrace.events import FIELDS, Field, Kind, SpanCategory, encode_lines, identity_block, json_default
 
 from jobtrace.identity import Identity
 
@@ -74,6 +74,99 @@ def _as_span(item: tuple[Any, ...]) -> tuple[Any, ...]:
     if extra:
         attrs.update(extra)
     return (_SPAN, sid, parent, op, _COLLECTIVE_CAT, start, end, step, attrs)
+
+
+# ---- the fast path's lines, built from the field table -----------------------------------------------------
+# Which keys a kind's line has, and in what order, is the field table's (jobtrace.events.FIELDS); a kind's
+# parts below say only how each key's value reaches the line:
+#   "int" an int, "hex" a span id (16 hex digits), "json" JSON the encoder made (a cached string, a message),
+#   "kind" the kind itself, "identity" the identity block (encoded once per process, its keys one run),
+#   "optional" the whole ``,"key":…`` part made by the encoder, or b"" for a key left out,
+#   "follows" written by the optional part before it (a span's cached ``,"name":…,"cat":…``).
+_PIECES: Final = {"int": b'"%s":%%d', "hex": b'"%s":"%%016x"', "json": b'"%s":%%b'}
+_IDENTITY_KEYS: Final = tuple(f.key for f in FIELDS if f.identity)
+
+
+def _part(mode: str, key: str) -> bytes:
+    """``key``'s piece of a line (``mode`` as above), as a %-format: ``"step":%d``."""
+    return _PIECES[mode] % key.encode()
+
+
+def _optional(*parts: tuple[str, str]) -> bytes:
+    """An optional part's %-format, with its comma: ``,"span_id":"%016x"``."""
+    return b"".join(b"," + _part(mode, key) for mode, key in parts)
+
+
+def line_template(kind: str, parts: Mapping[str, str], fields: tuple[Field, ...] = FIELDS) -> tuple[bytes, tuple[str, ...]]:
+    """The %-template of ``kind``'s fast-path line, and the key each of its slots fills, in order (the
+    identity block's slot is named by its first key).
+
+    Every key of ``parts`` must be one the table lets ``kind`` carry; a key the table has but ``parts``
+    does not name is left to the general path. ``ValueError`` for parts that cannot be one template.
+    """
+    carried = {f.key for f in fields if kind in f.kinds}
+    if set(parts) - carried:
+        raise ValueError(f"the field table has no {sorted(set(parts) - carried)} for a {kind} event")
+    identity = [f.key for f in fields if f.identity]
+    written = [f.key for f in fields if f.key in parts]
+    pieces: list[bytes] = []
+    slots: list[str] = []
+    i = 0
+    while i < len(written):
+        key, mode = written[i], parts[written[i]]
+        i += 1
+        if (key in identity) != (mode == "identity"):
+            raise ValueError(f"{key!r}: the identity keys, and only they, are written as the identity block")
+        if mode == "identity":
+            if written[i - 1:i - 1 + len(identity)] != identity:
+                raise ValueError("the identity block is every identity key, one run in the field table")
+            i += len(identity) - 1
+            pieces.append(b",%b")
+        elif mode == "follows":
+            if i < 2 or parts[written[i - 2]] != "optional":
+                raise ValueError(f"{key!r} follows a key whose optional part writes it")
+            continue
+        elif mode == "optional":
+            pieces.append(b"%b")
+        elif mode == "kind":
+            pieces.append(b',"kind":"%s"' % kind.encode())
+            continue
+        else:
+            pieces.append(b"," + _part(mode, key))
+        slots.append(key)
+    if not pieces or not pieces[0].startswith(b","):
+        raise ValueError("a line starts with a key of its own, not an optional part")
+    return b"{" + b"".join(pieces)[1:] + b"}\n", tuple(slots)
+
+
+def _fast_line(kind: str, parts: Mapping[str, str], arguments: tuple[str, ...], encoder: str) -> bytes:
+    """``kind``'s template, checked against the order in which ``encoder`` gives its values."""
+    template, slots = line_template(kind, parts)
+    if slots != arguments:
+        raise RuntimeError(f"the field table orders a {kind} line's values {slots}, {encoder} gives them as {arguments}: "
+                           "change one of them (and jobtrace_native's recorder, which writes the same bytes)")
+    return template
+
+
+_IDENTITY_PARTS: Final = dict.fromkeys(_IDENTITY_KEYS, "identity")
+_LOG_LINE: Final = _fast_line(Kind.LOG, {
+    "ts": "int", "kind": "kind", **_IDENTITY_PARTS, "span_id": "optional", "level": "json", "logger": "json",
+    "msg": "json", "exc": "optional", "step": "optional",
+}, ("ts", "job", "span_id", "level", "logger", "msg", "exc", "step"), "_encode_log")
+_SPAN_LINE: Final = _fast_line(Kind.SPAN, {
+    "ts": "int", "kind": "kind", **_IDENTITY_PARTS, "span_id": "hex", "parent_id": "optional", "name": "optional",
+    "cat": "follows", "start": "int", "dur": "int", "step": "optional", "attrs": "optional",
+}, ("ts", "job", "span_id", "parent_id", "name", "start", "dur", "step", "attrs"), "_encode_span")
+_METRIC_LINE: Final = _fast_line(Kind.METRIC, {
+    "ts": "int", "kind": "kind", **_IDENTITY_PARTS, "span_id": "optional", "metrics": "json", "step": "optional",
+}, ("ts", "job", "span_id", "metrics", "step"), "_encode_metric")
+# The optional parts, as the templates' slots take them.
+_SPAN_ID_PART: Final = _optional(("hex", "span_id"))
+_PARENT_PART: Final = _optional(("hex", "parent_id"))
+_STEP_PART: Final = _optional(("int", "step"))
+_EXC_PART: Final = _optional(("json", "exc"))
+_ATTRS_PART: Final = _optional(("json", "attrs"))
+_NAMED_PART: Final = _optional(("json", "name"), ("json", "cat"))
 
 
 def _hex64(x: int | None) -> str | None:
@@ -223,17 +316,11 @@ class Recorder:
             functools.partial(Span, self))
 
     def _set_base(self, identity: Identity) -> None:
-        self._base: dict[str, Any] = {
-            "job": identity.job_id,
-            "trace_id": identity.trace_id,
-            "rank": identity.rank,
-            "local_rank": identity.local_rank,
-            "world": identity.world_size,
-            "node": identity.node,
-            "pid": identity.pid,
-            "v": SCHEMA_VERSION,
-        }
-        self._base_json = _DUMPS(self._base)[1:-1]  # the identity fields, encoded once for every line
+        block = identity_block(job=identity.job_id, trace_id=identity.trace_id, rank=identity.rank,
+                               local_rank=identity.local_rank, world=identity.world_size, node=identity.node,
+                               pid=identity.pid)
+        self._base: dict[str, Any] = block.fields
+        self._base_json = block.json  # the identity fields, encoded once for every line
 
     def set_identity(self, identity: Identity) -> None:
         """A forked child's identity (its own pid): every line written from now on carries it."""
@@ -417,13 +504,13 @@ class Recorder:
                 return None
         try:
             m = _DUMPS(msg)
-            x = b"" if not exc else b',"exc":' + _DUMPS(exc)
+            x = b"" if not exc else _EXC_PART % _DUMPS(exc)
             level_json, logger_json = self._cached(level), self._cached(logger)
         except TypeError:  # as in _encode_span
             return None
-        return b'{"ts":%d,"kind":"log",%b%b,"level":%b,"logger":%b,"msg":%b%b%b}\n' % (
-            int(created * 1e9), self._base_json, b"" if sid is None else b',"span_id":"%016x"' % sid,
-            level_json, logger_json, m, x, b"" if step is None else b',"step":%d' % step)
+        return _LOG_LINE % (
+            int(created * 1e9), self._base_json, b"" if sid is None else _SPAN_ID_PART % sid,
+            level_json, logger_json, m, x, b"" if step is None else _STEP_PART % step)
 
     def _encode_span(self, item: tuple[Any, ...]) -> bytes | None:
         _, sid, parent, name, cat, start, end, step, attrs = item
@@ -431,17 +518,17 @@ class Recorder:
                 or (step is not None and type(step) is not int) or (parent is not None and type(parent) is not int)):
             return None
         try:
-            a = b"" if not attrs else b',"attrs":' + _DUMPS(attrs, default=json_default, option=_NUMPY)
+            a = b"" if not attrs else _ATTRS_PART % _DUMPS(attrs, default=json_default, option=_NUMPY)
             named = self._names.get((name, cat))
             if named is None:
-                named = b',"name":%b,"cat":%b' % (self._cached(name), self._cached(cat))
+                named = _NAMED_PART % (self._cached(name), self._cached(cat))
                 if len(self._names) < 4096:
                     self._names[(name, cat)] = named
         except TypeError:  # not valid UTF-8 (a lone surrogate), say: the general path escapes it
             return None
-        return b'{"ts":%d,"kind":"span",%b,"span_id":"%016x"%b%b,"start":%d,"dur":%d%b%b}\n' % (
-            end, self._base_json, sid, b"" if parent is None else b',"parent_id":"%016x"' % parent,
-            named, start, end - start, b"" if step is None else b',"step":%d' % step, a)
+        return _SPAN_LINE % (
+            end, self._base_json, sid, b"" if parent is None else _PARENT_PART % parent,
+            named, start, end - start, b"" if step is None else _STEP_PART % step, a)
 
     def _encode_metric(self, item: tuple[Any, ...]) -> bytes | None:
         _, ts, step, values, sid = item
@@ -463,9 +550,9 @@ class Recorder:
             m = _DUMPS(metrics)
         except TypeError:
             return None
-        return b'{"ts":%d,"kind":"metric",%b%b,"metrics":%b%b}\n' % (
-            ts, self._base_json, b"" if sid is None else b',"span_id":"%016x"' % sid, m,
-            b"" if step is None else b',"step":%d' % step)
+        return _METRIC_LINE % (
+            ts, self._base_json, b"" if sid is None else _SPAN_ID_PART % sid, m,
+            b"" if step is None else _STEP_PART % step)
 
     def _cached(self, value: str) -> bytes:
         """JSON of a string that repeats (level, logger, span name), encoded once; bounded."""
