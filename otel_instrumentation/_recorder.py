@@ -34,7 +34,7 @@ from contextlib import AbstractContextManager
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable, Final, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Final, Mapping, Protocol
 
 import orjson
 
@@ -45,7 +45,8 @@ from jobtrace.identity import Identity
 if TYPE_CHECKING:
     from shippers import BatchWorker
 
-__all__ = ["Recorder", "Span", "log_fields", "prepare_metric_values"]
+__all__ = ["LineEncoder", "LogRecordFn", "NewSpan", "Recorder", "Span", "TraceRecorder", "line_template", "log_fields",
+           "prepare_metric_values"]
 
 _SPAN, _LOG, _METRIC, _BEAT, _COLLECTIVE = 0, 1, 2, 3, 4
 _STEP = SpanCategory.STEP
@@ -64,6 +65,7 @@ def _scrubbed(value: Any) -> Any:
         return [_scrubbed(v) for v in value]
     return value
 _IMMUTABLE = frozenset({int, float, str, bool, type(None), bytes, complex})
+_ASYNC: Final[dict[str, Any]] = {"async": True}
 _PLAIN_VALUES = frozenset({int, float, str, bool, type(None)})
 
 
@@ -284,36 +286,103 @@ class Span:
                 hook(self.step)
 
 
-class Recorder:
-    """Turns calls on the training thread into queued items, and items into event lines."""
+class LogRecordFn(Protocol):
+    """``log_record(record, progress=True)``: a stdlib record queued as a log event."""
 
-    def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
+    def __call__(self, record: logging.LogRecord, progress: bool = True) -> None: ...
+
+
+NewSpan = Callable[[str, str, int | None, dict[str, Any] | None], AbstractContextManager[Any]]
+"""``new_span(name, cat, step, attrs)``: the span the package's ``step()``/``phase()``/``span()`` enter."""
+
+
+class TraceRecorder(Protocol):
+    """What tracing uses of a recorder: :class:`Recorder` (Python) and ``_native.NativeRecorder`` (compiled).
+
+    ``Tracing``, the logging and OpenTelemetry bridges, the heartbeat thread and the torch hooks call
+    these and nothing else, so either recorder serves them without asking which one it is. Members
+    the training thread calls (``new_span``, ``log_record``, ``metrics``, ``emit``…) may be plain
+    attributes holding a compiled function: that is what keeps a call one C call.
+    """
+
+    identity: Identity
+    step_end_hooks: list[Callable[[int | None], None]]
+    """Called with the step at each step span's end (the memory hook)."""
+    step: int | None
+    """The current training step, as the last step span set it."""
+    last_progress_ns: int
+    """When the training thread last did something (a span's end, a log record): the stall clock."""
+    root_span_id: int | None
+    """The parent of top-level spans (the job's root span)."""
+    new_span: NewSpan
+    emit: Callable[[tuple[Any, ...]], None]
+    """Queue an item (a tuple of the layouts in this module's docstring)."""
+
+    @property
+    def in_collective(self) -> tuple[str, str, int, int, int] | None:
+        """``(op, group, seq, t0_ns, bytes)`` of the collective the training thread is in, for heartbeats."""
+
+    @property
+    def pending(self) -> int:
+        """Events queued in the recorder itself and not yet taken by the worker (its own queue is counted there)."""
+
+    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None: ...
+
+    def metrics(self, step: int | None, values: dict[str, Any], /) -> None:
+        """``values``: the caller's fresh ``**kwargs`` dict, the recorder's to keep."""
+
+    def heartbeat(self, attrs: dict[str, Any]) -> None: ...
+
+    def current_span_id(self) -> int | None: ...
+
+    def current_step_span_id(self) -> int | None: ...
+
+    def top(self) -> tuple[str, str, int] | None:
+        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
+
+    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None,
+             **attrs: Any) -> AbstractContextManager[Any]: ...
+
+    def encode_batch(self, items: list[tuple[Any, ...]]) -> list[bytes]: ...
+
+    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
+        """Queue on ``worker`` from now on."""
+
+    def set_identity(self, identity: Identity) -> None:
+        """A forked child's identity: every line written from now on carries it."""
+
+    def entry_points(self) -> dict[str, Callable[..., Any]]:
+        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while tracing runs."""
+
+    def retire(self, null_span: Any) -> None:
+        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
+
+    def wrap_collective(self, fn: Callable[..., Any], op: str, describe: Callable[[Any], tuple[str, int]],
+                        group_type: Any, payload_bytes: Callable[[Any], int]) -> Callable[..., Any]:
+        """``fn`` (a ``torch.distributed`` collective named ``op``) recorded as a span on every call.
+
+        ``describe(group)`` gives a process group's ``(name, size)``, asked once per group;
+        ``group_type`` is what a positional process group argument is an instance of;
+        ``payload_bytes(obj)`` sizes a payload without ``nbytes`` of its own (a list of tensors).
+        """
+
+    def sample_rss(self, interval_s: float, page_size: int) -> bool:
+        """Read host RSS at step ends, at most once per ``interval_s``; False where the recorder cannot
+        (the memory hook reads it then)."""
+
+
+class LineEncoder:
+    """The export thread's half of a recorder: this process's identity block, and queued items → event lines.
+
+    Both recorders are one: the compiled one hands what it cannot write itself to :meth:`encode_batch`.
+    """
+
+    def __init__(self, identity: Identity) -> None:
         self.identity = identity
         self.step_end_hooks: list[Callable[[int | None], None]] = []
         self._strings: dict[str, bytes] = {}
         self._names: dict[tuple[str, str], bytes] = {}  # a span's name and category, encoded once
         self._set_base(identity)
-        self._init_hot(emit)
-
-    def _init_hot(self, emit: Callable[[tuple[Any, ...]], None] | None) -> None:
-        """The training thread's state (the compiled recorder keeps it in ``jobtrace_native``)."""
-        self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
-        # Set by bind(): the export queue that spans append to directly while it is short.
-        self.queue: deque[tuple[Any, ...]] | None = None
-        self.queue_room = 0
-        self.step: int | None = None
-        ident = self.identity
-        self.root_span_id: int | None = int(ident.parent_span_id, 16) if ident.parent_span_id else None
-        self.last_progress_ns = time_ns()
-        # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
-        self.in_collective: tuple[str, str, int, int, int] | None = None
-        self._local = threading.local()
-        self.main_stack: list[Span] = []
-        self._local.stack = self.main_stack
-        self.main_ident = threading.get_ident()
-        # ``new_span(name, cat, step, attrs)``: what the module's ``step()``/``phase()`` call, one call deep.
-        self.new_span: Callable[[str, str, int | None, dict[str, Any] | None], AbstractContextManager[Any]] = (
-            functools.partial(Span, self))
 
     def _set_base(self, identity: Identity) -> None:
         block = identity_block(job=identity.job_id, trace_id=identity.trace_id, rank=identity.rank,
@@ -326,90 +395,6 @@ class Recorder:
         """A forked child's identity (its own pid): every line written from now on carries it."""
         self.identity = identity
         self._set_base(identity)
-
-    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
-        """Queue items on ``worker``: through ``emit``, or (spans, log records) straight onto its queue."""
-        self.emit = worker.emit
-        self.queue, self.queue_room = worker.direct_queue()
-
-    def entry_points(self) -> dict[str, Callable[..., Any]]:
-        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while
-        this recorder traces; none here, where those functions are already the shortest Python path."""
-        return {}
-
-    def retire(self, null_span: Any) -> None:
-        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
-
-    # ---- training thread ------------------------------------------------------------
-    def stack(self) -> list[Span]:
-        try:
-            return self._local.stack  # type: ignore[no-any-return]
-        except AttributeError:
-            self._local.stack = []
-            return self._local.stack  # type: ignore[no-any-return]
-
-    def current_span_id(self) -> int | None:
-        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
-        return stack[-1].span_id if stack else self.root_span_id
-
-    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> AbstractContextManager[Any]:
-        """``with rec.span("load", "user", key=value):``; a :class:`Span` (or the compiled recorder's)."""
-        return self.new_span(name, cat, step, attrs or None)
-
-    def current_step_span_id(self) -> int | None:
-        """The innermost step span of the calling thread (``otel_context="step"``)."""
-        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
-        for s in reversed(stack):
-            if s.cat == _STEP:
-                return s.span_id
-        return self.root_span_id
-
-    def top(self) -> tuple[str, str, int] | None:
-        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
-        try:
-            s = self.main_stack[-1]
-            return (s.name, s.cat, s.start)
-        except (IndexError, AttributeError):  # popped meanwhile, or not entered yet
-            return None
-
-    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
-        # The hottest path of all (every logging call of the process): one thread-id
-        # check picks the main thread's stack and progress clock, and the common record
-        # (immutable arguments, no exception) goes straight to the queue.
-        if record.name.startswith("jobtrace.export"):
-            return  # the exporter's own warnings must not loop back into its queue
-        msg, args, exc = record.msg, record.args, record.exc_text
-        if (args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args)))) or record.exc_info:
-            msg, args, exc = log_fields(record)  # rare: arguments that could change, or an exception
-        if get_ident() == self.main_ident:
-            stack = self.main_stack
-            if progress:
-                self.last_progress_ns = time_ns()
-        else:
-            stack = self.stack()
-        item = (_LOG, record.created, record.levelname, record.name, msg, args, exc,
-                stack[-1].span_id if stack else self.root_span_id, self.step)
-        q = self.queue
-        if q is not None and len(q) < self.queue_room:
-            q.append(item)  # as in Span.__exit__
-        else:
-            self.emit(item)
-
-    def metrics(self, step: int | None, values: dict[str, Any]) -> None:
-        """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
-        if not _PLAIN_VALUES.issuperset(map(type, values.values())):
-            prepare_metric_values(values)
-        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
-        item = (_METRIC, time_ns(), self.step if step is None else step, values,
-                stack[-1].span_id if stack else self.root_span_id)
-        q = self.queue
-        if q is not None and len(q) < self.queue_room:
-            q.append(item)  # as in Span.__exit__
-        else:
-            self.emit(item)
-
-    def heartbeat(self, attrs: dict[str, Any]) -> None:
-        self.emit((_BEAT, time_ns(), self.step, attrs))
 
     # ---- export thread ------------------------------------------------------------------
     def to_dict(self, item: tuple[Any, ...]) -> dict[str, Any]:
@@ -562,3 +547,168 @@ class Recorder:
             if len(self._strings) < 4096:
                 self._strings[value] = enc
         return enc
+
+
+class Recorder(LineEncoder):
+    """Turns calls on the training thread into queued items (a :class:`TraceRecorder` in Python)."""
+
+    pending = 0
+    """Items wait on the worker's queue, which counts them itself."""
+
+    def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
+        super().__init__(identity)
+        self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
+        # Set by bind(): the export queue that spans append to directly while it is short.
+        self.queue: deque[tuple[Any, ...]] | None = None
+        self.queue_room = 0
+        self.step: int | None = None
+        ident = self.identity
+        self.root_span_id: int | None = int(ident.parent_span_id, 16) if ident.parent_span_id else None
+        self.last_progress_ns = time_ns()
+        # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
+        self.in_collective: tuple[str, str, int, int, int] | None = None
+        self._local = threading.local()
+        self.main_stack: list[Span] = []
+        self._local.stack = self.main_stack
+        self.main_ident = threading.get_ident()
+        # Per process group ``[name, size, last seq]``, shared by all ops: the sequence number counts per
+        # group, across ops (the compiled recorder keeps the same table).
+        self._groups: dict[int | None, list[Any]] = {}
+        # ``new_span(name, cat, step, attrs)``: what the module's ``step()``/``phase()`` call, one call deep.
+        self.new_span: NewSpan = functools.partial(Span, self)
+
+    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
+        """Queue items on ``worker``: through ``emit``, or (spans, log records) straight onto its queue."""
+        self.emit = worker.emit
+        self.queue, self.queue_room = worker.direct_queue()
+
+    def entry_points(self) -> dict[str, Callable[..., Any]]:
+        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while
+        this recorder traces; none here, where those functions are already the shortest Python path."""
+        return {}
+
+    def retire(self, null_span: Any) -> None:
+        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
+
+    def sample_rss(self, interval_s: float, page_size: int) -> bool:
+        """Not here: the memory hook reads RSS (a Python call at step ends)."""
+        return False
+
+    # ---- training thread ------------------------------------------------------------
+    def stack(self) -> list[Span]:
+        try:
+            return self._local.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            self._local.stack = []
+            return self._local.stack  # type: ignore[no-any-return]
+
+    def current_span_id(self) -> int | None:
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        return stack[-1].span_id if stack else self.root_span_id
+
+    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> AbstractContextManager[Any]:
+        """``with rec.span("load", "user", key=value):``; a :class:`Span` (or the compiled recorder's)."""
+        return self.new_span(name, cat, step, attrs or None)
+
+    def current_step_span_id(self) -> int | None:
+        """The innermost step span of the calling thread (``otel_context="step"``)."""
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        for s in reversed(stack):
+            if s.cat == _STEP:
+                return s.span_id
+        return self.root_span_id
+
+    def top(self) -> tuple[str, str, int] | None:
+        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
+        try:
+            s = self.main_stack[-1]
+            return (s.name, s.cat, s.start)
+        except (IndexError, AttributeError):  # popped meanwhile, or not entered yet
+            return None
+
+    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
+        # The hottest path of all (every logging call of the process): one thread-id
+        # check picks the main thread's stack and progress clock, and the common record
+        # (immutable arguments, no exception) goes straight to the queue.
+        if record.name.startswith("jobtrace.export"):
+            return  # the exporter's own warnings must not loop back into its queue
+        msg, args, exc = record.msg, record.args, record.exc_text
+        if (args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args)))) or record.exc_info:
+            msg, args, exc = log_fields(record)  # rare: arguments that could change, or an exception
+        if get_ident() == self.main_ident:
+            stack = self.main_stack
+            if progress:
+                self.last_progress_ns = time_ns()
+        else:
+            stack = self.stack()
+        item = (_LOG, record.created, record.levelname, record.name, msg, args, exc,
+                stack[-1].span_id if stack else self.root_span_id, self.step)
+        q = self.queue
+        if q is not None and len(q) < self.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            self.emit(item)
+
+    def metrics(self, step: int | None, values: dict[str, Any]) -> None:
+        """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
+        if not _PLAIN_VALUES.issuperset(map(type, values.values())):
+            prepare_metric_values(values)
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        item = (_METRIC, time_ns(), self.step if step is None else step, values,
+                stack[-1].span_id if stack else self.root_span_id)
+        q = self.queue
+        if q is not None and len(q) < self.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            self.emit(item)
+
+    def heartbeat(self, attrs: dict[str, Any]) -> None:
+        self.emit((_BEAT, time_ns(), self.step, attrs))
+
+    def wrap_collective(self, fn: Callable[..., Any], op: str, describe: Callable[[Any], tuple[str, int]],
+                        group_type: Any, payload_bytes: Callable[[Any], int]) -> Callable[..., Any]:
+        """``fn`` recorded as a collective span on every call (see :meth:`TraceRecorder.wrap_collective`).
+
+        The wrapper runs once per collective inside the training step, where every line costs
+        about a microsecond (cold caches after the step's kernels): it does one dict lookup,
+        reads the payload size, and queues a flat tuple; the export thread builds the span's
+        attributes from it (:func:`_as_span`).
+        """
+        rec, groups = self, self._groups
+
+        def new_group(group: Any, key: int | None) -> list[Any]:
+            state = groups[key] = [*describe(group), 0]
+            return state
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group") if kwargs else None
+            if group is None and len(args) > 1:
+                group = next((a for a in args[1:] if isinstance(a, group_type)), None)
+            key = id(group) if group is not None else None
+            state = groups.get(key) or new_group(group, key)
+            seq = state[2] = state[2] + 1
+            first = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list"))
+            payload = getattr(first, "nbytes", None)  # a tensor's; lists of tensors are summed
+            if type(payload) is not int:
+                payload = payload_bytes(first)
+            stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
+            parent = stack[-1].span_id if stack else rec.root_span_id
+            step = rec.step
+            extra = _ASYNC if kwargs and kwargs.get("async_op") else None
+            t0 = time_ns()
+            rec.in_collective = (op, state[0], seq, t0, payload)
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                extra = {**(extra or {}), "error": f"{type(exc).__name__}: {exc}"}
+                raise
+            finally:
+                t1 = time_ns()
+                rec.in_collective = None
+                rec.emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload, extra))
+                rec.last_progress_ns = t1
+
+        wrapper.__jobtrace_wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
