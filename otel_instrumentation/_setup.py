@@ -521,8 +521,8 @@ def get_tracing() -> Tracing | None:
 
 _ENTRY_POINTS = ("step", "phase", "span", "log_metrics")
 _entry_namespaces: list[ModuleType] = []
-"""The modules whose ``step``/``phase``/``span``/``log_metrics`` :func:`_publish` rebinds (the package's
-``__init__`` registers itself, so this module never imports the package that imports it)."""
+"""The modules whose ``step``/``phase``/``span``/``log_metrics`` :func:`_publish` rebinds: the package's
+``__init__`` and the ``jobtrace`` facade register themselves, so this module never imports either."""
 
 
 def publish_entry_points_on(namespace: ModuleType) -> None:
