@@ -157,7 +157,7 @@ t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), console=False)
 from otel_instrumentation._torch import wrap_collective
 def noop(tensor, op=None, group=None, async_op=False):
     return None
-wrapped = wrap_collective(noop, "all_reduce", t.recorder, dist, {})
+wrapped = wrap_collective(noop, "all_reduce", t.recorder, dist)
 t0 = time.perf_counter()
 for _ in range(M):
     noop(x)

@@ -65,7 +65,7 @@ def main() -> None:
         inner_ns[0] = now() - t
         return out
 
-    traced_all_reduce = wrap_collective(timed_all_reduce, "all_reduce", tracing.recorder, dist, {})
+    traced_all_reduce = wrap_collective(timed_all_reduce, "all_reduce", tracing.recorder, dist)
     times: dict[bool, dict[str, list[int]]] = {True: {}, False: {}}
 
     def step(i: int, traced: bool) -> None:

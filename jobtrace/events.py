@@ -12,6 +12,11 @@ value are left out, so a log line does not pay for span fields.
 
 Timestamps are integer nanoseconds since the Unix epoch (UTC) because every backend
 we target accepts them losslessly and step times are sub-millisecond.
+
+:data:`FIELDS` is the one table of those keys, in the order every line writes them: the
+typed columns (:data:`COLUMNS`), the identity block (:func:`identity_block`), the key
+order of :meth:`Event.to_dict` and the recorder's pre-built line templates are read
+from it, so a new key is one new row (and the :class:`Event` attribute it fills).
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ import orjson
 
 __all__ = [
     "SCHEMA_VERSION",
+    "FIELDS",
+    "IDENTITY_KEYS",
     "Event",
+    "Field",
+    "IdentityBlock",
     "Kind",
     "SpanCategory",
     "PHASES",
@@ -35,39 +44,11 @@ __all__ = [
     "json_default",
     "DecodeError",
     "COLUMNS",
+    "identity_block",
 ]
 
 SCHEMA_VERSION: Final = 1
 """Bumped whenever a key changes meaning; readers refuse versions newer than theirs."""
-
-COLUMNS: Final[dict[str, str]] = {
-    "ts": "BIGINT",
-    "kind": "VARCHAR",
-    "job": "VARCHAR",
-    "trace_id": "VARCHAR",
-    "rank": "INTEGER",
-    "local_rank": "INTEGER",
-    "world": "INTEGER",
-    "node": "VARCHAR",
-    "pid": "BIGINT",
-    "span_id": "VARCHAR",
-    "parent_id": "VARCHAR",
-    "step": "BIGINT",
-    "level": "VARCHAR",
-    "logger": "VARCHAR",
-    "msg": "VARCHAR",
-    "exc": "VARCHAR",
-    "name": "VARCHAR",
-    "cat": "VARCHAR",
-    "start": "BIGINT",
-    "dur": "BIGINT",
-    "attrs": "JSON",
-    "metrics": "JSON",
-    "est": "BOOLEAN",
-    "v": "INTEGER",
-}
-"""Every key of the canonical encoding as a typed column: the schema every columnar reader and writer uses."""
-
 
 class Kind:
     """Values of ``Event.kind``. Plain strings (not an Enum) so that decoding stays free."""
@@ -86,6 +67,67 @@ class SpanCategory:
     PHASE: Final = "phase"
     COLLECTIVE: Final = "collective"
     USER: Final = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One key of the canonical encoding: one row of :data:`FIELDS`."""
+
+    key: str
+    column: str
+    """Its DuckDB column type in the ``events`` table."""
+    kinds: frozenset[str]
+    """The kinds of event that may carry it (a writer may leave an optional key out)."""
+    meaning: str
+    identity: bool = False
+    """Part of the identity block every line of a process carries, encoded once per process."""
+
+
+_ALL_KINDS: Final = Kind.ALL
+_SPAN_ONLY: Final = frozenset({Kind.SPAN})
+_LOG_ONLY: Final = frozenset({Kind.LOG})
+
+FIELDS: Final[tuple[Field, ...]] = (
+    Field("ts", "BIGINT", _ALL_KINDS, "when it happened, ns since the Unix epoch (UTC); for a span, its end"),
+    Field("kind", "VARCHAR", _ALL_KINDS, "log, span, metric or heartbeat (Kind)"),
+    Field("job", "VARCHAR", _ALL_KINDS, "the job id, the same on every rank", identity=True),
+    Field("trace_id", "VARCHAR", _ALL_KINDS, "the job's TraceID (32 hex digits), derived from the job id", identity=True),
+    Field("rank", "INTEGER", _ALL_KINDS, "the global rank", identity=True),
+    Field("local_rank", "INTEGER", _ALL_KINDS, "the rank on its node", identity=True),
+    Field("world", "INTEGER", _ALL_KINDS, "the job's world size", identity=True),
+    Field("node", "VARCHAR", _ALL_KINDS, "the host name", identity=True),
+    Field("pid", "BIGINT", _ALL_KINDS, "the process (a forked child writes its own)", identity=True),
+    Field("v", "INTEGER", _ALL_KINDS, "SCHEMA_VERSION of the writer", identity=True),
+    Field("span_id", "VARCHAR", frozenset({Kind.LOG, Kind.SPAN, Kind.METRIC}),
+          "16 hex digits: the span itself for a span, the active span for a log record or metric point"),
+    Field("parent_id", "VARCHAR", _SPAN_ONLY, "the enclosing span (a step's: the job's root span)"),
+    Field("name", "VARCHAR", _SPAN_ONLY, "the span's name (a phase, a collective's op, a user span's name)"),
+    Field("cat", "VARCHAR", _SPAN_ONLY, "step, phase, collective or user (SpanCategory)"),
+    Field("start", "BIGINT", _SPAN_ONLY, "the span's start, ns since the Unix epoch"),
+    Field("dur", "BIGINT", _SPAN_ONLY, "the span's duration in ns"),
+    Field("level", "VARCHAR", _LOG_ONLY, "the logging level's name"),
+    Field("logger", "VARCHAR", _LOG_ONLY, "the logger's name"),
+    Field("msg", "VARCHAR", _LOG_ONLY, "the formatted message"),
+    Field("exc", "VARCHAR", _LOG_ONLY, "an exception's traceback, or a stalled main thread's stack"),
+    Field("metrics", "JSON", frozenset({Kind.METRIC}), "{name: value}; NaN and infinities as strings"),
+    Field("step", "BIGINT", _ALL_KINDS, "the training step it belongs to"),
+    Field("attrs", "JSON", _ALL_KINDS,
+          "more about it: a collective's op, group, group_size, seq, bytes; a heartbeat's in_span, in_op…"),
+    Field("est", "BOOLEAN", _ALL_KINDS, "ingest: true when ts was estimated from neighbouring lines"),
+)
+"""Every key of the canonical encoding, in the order lines write them.
+
+The order is the one the recorders write (the Python encoder builds its templates from it; the
+compiled recorder, ``jobtrace_native``, writes the same bytes and is tested against it): ``ts`` and
+``kind`` first, so a line says what it is at its start, then the identity block, then what each
+kind adds. The identity fields are one run, so that run can be spliced in pre-encoded.
+"""
+
+COLUMNS: Final[dict[str, str]] = {f.key: f.column for f in FIELDS}
+"""Every key of the canonical encoding as a typed column: the schema every columnar reader and writer uses."""
+
+IDENTITY_KEYS: Final[tuple[str, ...]] = tuple(f.key for f in FIELDS if f.identity)
+"""The keys of the identity block, in order: ``job, trace_id, rank, local_rank, world, node, pid, v``."""
 
 
 PHASES: Final = ("data", "forward", "backward", "optimizer", "checkpoint", "eval")
@@ -120,7 +162,8 @@ class Event:
     Fields that do not apply to a kind stay ``None`` and are not encoded.
     ``ts`` is when the event happened (for a span: its end), ``start``/``dur``
     describe a span's extent, ``span_id`` is the span itself for a span event and the
-    active span for any other event.
+    active span for any other event. Each attribute is a row of :data:`FIELDS`, which says what it
+    means and orders the encoding (the attributes keep their older order for positional callers).
     """
 
     ts: int
@@ -170,7 +213,12 @@ class Event:
             raise DecodeError(str(exc)) from exc
 
 
-_FIELD_NAMES: Final = tuple(f.name for f in dataclasses.fields(Event))
+_FIELD_NAMES: Final = tuple(f.key for f in FIELDS)
+"""``Event``'s attributes in the table's order: the order of :meth:`Event.to_dict` and so of ``encode``."""
+
+_unmatched = {f.name for f in dataclasses.fields(Event)} ^ set(_FIELD_NAMES)
+if _unmatched:  # a row of FIELDS without its attribute, or an attribute without its row
+    raise TypeError(f"Event's attributes and FIELDS differ: {sorted(_unmatched)}")
 
 
 def _astuple_items(ev: Event) -> Iterator[tuple[str, Any]]:
@@ -180,6 +228,24 @@ def _astuple_items(ev: Event) -> Iterator[tuple[str, Any]]:
 
 _DUMPS = orjson.dumps
 _OPTS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityBlock:
+    """The identity fields that every line of one process carries, made once per process."""
+
+    fields: dict[str, Any]
+    """``{job, trace_id, rank, local_rank, world, node, pid, v}`` in :data:`IDENTITY_KEYS` order (``**`` it into an event dict)."""
+    json: bytes
+    """The same fields as JSON without the braces (``"job":…,"v":1``), to splice into a line between ``kind`` and the rest."""
+
+
+def identity_block(*, job: str, trace_id: str, rank: int, local_rank: int, world: int, node: str, pid: int) -> IdentityBlock:
+    """The identity block of a process, for the writers that encode it once (the recorder, the Loki logging handler)."""
+    given = {"job": job, "trace_id": trace_id, "rank": rank, "local_rank": local_rank, "world": world, "node": node,
+             "pid": pid, "v": SCHEMA_VERSION}
+    fields = {k: given[k] for k in IDENTITY_KEYS}
+    return IdentityBlock(fields, _DUMPS(fields)[1:-1])
 
 
 def json_default(obj: Any) -> Any:

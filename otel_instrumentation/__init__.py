@@ -9,14 +9,17 @@ Then, optionally, mark steps and phases and record metrics::
         with oi.phase("forward"):
             ...
         oi.log_metrics(loss=loss)
+
+The same names are ``jobtrace.init_tracing``, ``jobtrace.step``… (the ``jobtrace`` facade).
 """
 
 from __future__ import annotations
 
-from jobtrace.identity import Identity, resolve_identity, trace_id_for_job
-from ._logging import TraceContextFilter
 import sys
 
+from jobtrace.identity import Identity, resolve_identity, trace_id_for_job
+
+from ._logging import TraceContextFilter
 from ._setup import Tracing, get_tracing, init_tracing, log_metrics, phase, publish_entry_points_on, span, step
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "init_tracing",
     "log_metrics",
     "phase",
+    "publish_entry_points_on",
     "resolve_identity",
     "span",
     "step",

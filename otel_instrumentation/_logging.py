@@ -19,7 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._recorder import Recorder
+    from ._recorder import TraceRecorder
 
 __all__ = ["JobtraceHandler", "TraceContextFilter", "TraceContextFormatter", "attach_to_loggers"]
 
@@ -35,7 +35,7 @@ class JobtraceHandler(logging.Handler):
     and :meth:`removeFilter` back. The recorder itself drops the exporter's own warnings.
     """
 
-    def __init__(self, recorder: Recorder, level: int = logging.NOTSET) -> None:
+    def __init__(self, recorder: TraceRecorder, level: int = logging.NOTSET) -> None:
         super().__init__(level)
         self._log_record = recorder.log_record
         self.handle = self._log_record  # type: ignore[method-assign,assignment]
@@ -68,7 +68,7 @@ class TraceContextFilter(logging.Filter):
     Add it to any handler whose format string uses ``%(trace_id)s`` and friends.
     """
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: TraceRecorder) -> None:
         super().__init__()
         ident = recorder.identity
         self._job = ident.job_id
@@ -109,7 +109,7 @@ class TraceContextFormatter(logging.Formatter):
     (the record's dict grows) cost more than the rest of the context.
     """
 
-    def __init__(self, inner: logging.Formatter | None, recorder: Recorder) -> None:
+    def __init__(self, inner: logging.Formatter | None, recorder: TraceRecorder) -> None:
         super().__init__()
         self._inner = inner or logging.Formatter(logging.BASIC_FORMAT)
         self._filter = TraceContextFilter(recorder)
@@ -146,7 +146,7 @@ def attach_to_loggers(handler: logging.Handler) -> int:
     return added
 
 
-def install_console(recorder: Recorder, console: bool) -> list[tuple[logging.Handler, Any]]:
+def install_console(recorder: TraceRecorder, console: bool) -> list[tuple[logging.Handler, Any]]:
     """Make console output carry the trace context; returns (handler, old formatter) to undo."""
     changed: list[tuple[logging.Handler, Any]] = []
     if not console:

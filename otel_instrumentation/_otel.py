@@ -25,7 +25,7 @@ from jobtrace import config
 from jobtrace.events import SpanCategory
 
 from jobtrace.identity import Identity
-from ._recorder import _SPAN, Recorder
+from ._recorder import _SPAN, TraceRecorder
 
 __all__ = ["install_otel", "resource_for"]
 
@@ -50,7 +50,7 @@ def resource_for(ident: Identity) -> Resource:
 class _RecordSpans(SpanProcessor):
     """Records spans started through the OpenTelemetry API as jobtrace span events."""
 
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: TraceRecorder) -> None:
         self._rec = rec
         self.enabled = True  # providers cannot drop a processor; shutdown disables it instead
 
@@ -71,7 +71,7 @@ class _RecordSpans(SpanProcessor):
 class _LiveSpan(NonRecordingSpan):
     """The current OpenTelemetry span: whichever of our spans is innermost when it is asked."""
 
-    def __init__(self, rec: Recorder, trace_id: int, steps_only: bool) -> None:
+    def __init__(self, rec: TraceRecorder, trace_id: int, steps_only: bool) -> None:
         super().__init__(INVALID_SPAN_CONTEXT)
         self._rec = rec
         self._trace_id = trace_id
@@ -84,7 +84,7 @@ class _LiveSpan(NonRecordingSpan):
         return SpanContext(trace_id=self._trace_id, span_id=span_id, is_remote=False, trace_flags=self._flags)
 
 
-def install_otel(rec: Recorder, context: str = "all") -> Callable[[], None]:
+def install_otel(rec: TraceRecorder, context: str = "all") -> Callable[[], None]:
     """Set up providers and context; returns a function that undoes the context attachment.
 
     ``context``: which of our spans is the current OTel span: ``"all"`` (the innermost),

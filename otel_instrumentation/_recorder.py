@@ -34,18 +34,19 @@ from contextlib import AbstractContextManager
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final, Mapping, Protocol
 
 import orjson
 
-from jobtrace.events import SCHEMA_VERSION, Kind, SpanCategory, encode_lines, json_default
+from jobtrace.events import FIELDS, Field, Kind, SpanCategory, encode_lines, identity_block, json_default
 
 from jobtrace.identity import Identity
 
 if TYPE_CHECKING:
     from shippers import BatchWorker
 
-__all__ = ["Recorder", "Span", "log_fields", "prepare_metric_values"]
+__all__ = ["LineEncoder", "LogRecordFn", "NewSpan", "Recorder", "Span", "TraceRecorder", "line_template", "log_fields",
+           "prepare_metric_values"]
 
 _SPAN, _LOG, _METRIC, _BEAT, _COLLECTIVE = 0, 1, 2, 3, 4
 _STEP = SpanCategory.STEP
@@ -64,6 +65,7 @@ def _scrubbed(value: Any) -> Any:
         return [_scrubbed(v) for v in value]
     return value
 _IMMUTABLE = frozenset({int, float, str, bool, type(None), bytes, complex})
+_ASYNC: Final[dict[str, Any]] = {"async": True}
 _PLAIN_VALUES = frozenset({int, float, str, bool, type(None)})
 
 
@@ -74,6 +76,99 @@ def _as_span(item: tuple[Any, ...]) -> tuple[Any, ...]:
     if extra:
         attrs.update(extra)
     return (_SPAN, sid, parent, op, _COLLECTIVE_CAT, start, end, step, attrs)
+
+
+# ---- the fast path's lines, built from the field table -----------------------------------------------------
+# Which keys a kind's line has, and in what order, is the field table's (jobtrace.events.FIELDS); a kind's
+# parts below say only how each key's value reaches the line:
+#   "int" an int, "hex" a span id (16 hex digits), "json" JSON the encoder made (a cached string, a message),
+#   "kind" the kind itself, "identity" the identity block (encoded once per process, its keys one run),
+#   "optional" the whole ``,"key":…`` part made by the encoder, or b"" for a key left out,
+#   "follows" written by the optional part before it (a span's cached ``,"name":…,"cat":…``).
+_PIECES: Final = {"int": b'"%s":%%d', "hex": b'"%s":"%%016x"', "json": b'"%s":%%b'}
+_IDENTITY_KEYS: Final = tuple(f.key for f in FIELDS if f.identity)
+
+
+def _part(mode: str, key: str) -> bytes:
+    """``key``'s piece of a line (``mode`` as above), as a %-format: ``"step":%d``."""
+    return _PIECES[mode] % key.encode()
+
+
+def _optional(*parts: tuple[str, str]) -> bytes:
+    """An optional part's %-format, with its comma: ``,"span_id":"%016x"``."""
+    return b"".join(b"," + _part(mode, key) for mode, key in parts)
+
+
+def line_template(kind: str, parts: Mapping[str, str], fields: tuple[Field, ...] = FIELDS) -> tuple[bytes, tuple[str, ...]]:
+    """The %-template of ``kind``'s fast-path line, and the key each of its slots fills, in order (the
+    identity block's slot is named by its first key).
+
+    Every key of ``parts`` must be one the table lets ``kind`` carry; a key the table has but ``parts``
+    does not name is left to the general path. ``ValueError`` for parts that cannot be one template.
+    """
+    carried = {f.key for f in fields if kind in f.kinds}
+    if set(parts) - carried:
+        raise ValueError(f"the field table has no {sorted(set(parts) - carried)} for a {kind} event")
+    identity = [f.key for f in fields if f.identity]
+    written = [f.key for f in fields if f.key in parts]
+    pieces: list[bytes] = []
+    slots: list[str] = []
+    i = 0
+    while i < len(written):
+        key, mode = written[i], parts[written[i]]
+        i += 1
+        if (key in identity) != (mode == "identity"):
+            raise ValueError(f"{key!r}: the identity keys, and only they, are written as the identity block")
+        if mode == "identity":
+            if written[i - 1:i - 1 + len(identity)] != identity:
+                raise ValueError("the identity block is every identity key, one run in the field table")
+            i += len(identity) - 1
+            pieces.append(b",%b")
+        elif mode == "follows":
+            if i < 2 or parts[written[i - 2]] != "optional":
+                raise ValueError(f"{key!r} follows a key whose optional part writes it")
+            continue
+        elif mode == "optional":
+            pieces.append(b"%b")
+        elif mode == "kind":
+            pieces.append(b',"kind":"%s"' % kind.encode())
+            continue
+        else:
+            pieces.append(b"," + _part(mode, key))
+        slots.append(key)
+    if not pieces or not pieces[0].startswith(b","):
+        raise ValueError("a line starts with a key of its own, not an optional part")
+    return b"{" + b"".join(pieces)[1:] + b"}\n", tuple(slots)
+
+
+def _fast_line(kind: str, parts: Mapping[str, str], arguments: tuple[str, ...], encoder: str) -> bytes:
+    """``kind``'s template, checked against the order in which ``encoder`` gives its values."""
+    template, slots = line_template(kind, parts)
+    if slots != arguments:
+        raise RuntimeError(f"the field table orders a {kind} line's values {slots}, {encoder} gives them as {arguments}: "
+                           "change one of them (and jobtrace_native's recorder, which writes the same bytes)")
+    return template
+
+
+_IDENTITY_PARTS: Final = dict.fromkeys(_IDENTITY_KEYS, "identity")
+_LOG_LINE: Final = _fast_line(Kind.LOG, {
+    "ts": "int", "kind": "kind", **_IDENTITY_PARTS, "span_id": "optional", "level": "json", "logger": "json",
+    "msg": "json", "exc": "optional", "step": "optional",
+}, ("ts", "job", "span_id", "level", "logger", "msg", "exc", "step"), "_encode_log")
+_SPAN_LINE: Final = _fast_line(Kind.SPAN, {
+    "ts": "int", "kind": "kind", **_IDENTITY_PARTS, "span_id": "hex", "parent_id": "optional", "name": "optional",
+    "cat": "follows", "start": "int", "dur": "int", "step": "optional", "attrs": "optional",
+}, ("ts", "job", "span_id", "parent_id", "name", "start", "dur", "step", "attrs"), "_encode_span")
+_METRIC_LINE: Final = _fast_line(Kind.METRIC, {
+    "ts": "int", "kind": "kind", **_IDENTITY_PARTS, "span_id": "optional", "metrics": "json", "step": "optional",
+}, ("ts", "job", "span_id", "metrics", "step"), "_encode_metric")
+# The optional parts, as the templates' slots take them.
+_SPAN_ID_PART: Final = _optional(("hex", "span_id"))
+_PARENT_PART: Final = _optional(("hex", "parent_id"))
+_STEP_PART: Final = _optional(("int", "step"))
+_EXC_PART: Final = _optional(("json", "exc"))
+_ATTRS_PART: Final = _optional(("json", "attrs"))
+_NAMED_PART: Final = _optional(("json", "name"), ("json", "cat"))
 
 
 def _hex64(x: int | None) -> str | None:
@@ -191,138 +286,115 @@ class Span:
                 hook(self.step)
 
 
-class Recorder:
-    """Turns calls on the training thread into queued items, and items into event lines."""
+class LogRecordFn(Protocol):
+    """``log_record(record, progress=True)``: a stdlib record queued as a log event."""
 
-    def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
+    def __call__(self, record: logging.LogRecord, progress: bool = True) -> None: ...
+
+
+NewSpan = Callable[[str, str, int | None, dict[str, Any] | None], AbstractContextManager[Any]]
+"""``new_span(name, cat, step, attrs)``: the span the package's ``step()``/``phase()``/``span()`` enter."""
+
+
+class TraceRecorder(Protocol):
+    """What tracing uses of a recorder: :class:`Recorder` (Python) and ``_native.NativeRecorder`` (compiled).
+
+    ``Tracing``, the logging and OpenTelemetry bridges, the heartbeat thread and the torch hooks call
+    these and nothing else, so either recorder serves them without asking which one it is. Members
+    the training thread calls (``new_span``, ``log_record``, ``metrics``, ``emit``…) may be plain
+    attributes holding a compiled function: that is what keeps a call one C call.
+    """
+
+    identity: Identity
+    step_end_hooks: list[Callable[[int | None], None]]
+    """Called with the step at each step span's end (the memory hook)."""
+    step: int | None
+    """The current training step, as the last step span set it."""
+    last_progress_ns: int
+    """When the training thread last did something (a span's end, a log record): the stall clock."""
+    root_span_id: int | None
+    """The parent of top-level spans (the job's root span)."""
+    new_span: NewSpan
+    emit: Callable[[tuple[Any, ...]], None]
+    """Queue an item (a tuple of the layouts in this module's docstring)."""
+
+    @property
+    def in_collective(self) -> tuple[str, str, int, int, int] | None:
+        """``(op, group, seq, t0_ns, bytes)`` of the collective the training thread is in, for heartbeats."""
+
+    @property
+    def pending(self) -> int:
+        """Events queued in the recorder itself and not yet taken by the worker (its own queue is counted there)."""
+
+    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None: ...
+
+    def metrics(self, step: int | None, values: dict[str, Any], /) -> None:
+        """``values``: the caller's fresh ``**kwargs`` dict, the recorder's to keep."""
+
+    def heartbeat(self, attrs: dict[str, Any]) -> None: ...
+
+    def current_span_id(self) -> int | None: ...
+
+    def current_step_span_id(self) -> int | None: ...
+
+    def top(self) -> tuple[str, str, int] | None:
+        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
+
+    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None,
+             **attrs: Any) -> AbstractContextManager[Any]: ...
+
+    def encode_batch(self, items: list[tuple[Any, ...]]) -> list[bytes]: ...
+
+    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
+        """Queue on ``worker`` from now on."""
+
+    def set_identity(self, identity: Identity) -> None:
+        """A forked child's identity: every line written from now on carries it."""
+
+    def entry_points(self) -> dict[str, Callable[..., Any]]:
+        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while tracing runs."""
+
+    def retire(self, null_span: Any) -> None:
+        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
+
+    def wrap_collective(self, fn: Callable[..., Any], op: str, describe: Callable[[Any], tuple[str, int]],
+                        group_type: Any, payload_bytes: Callable[[Any], int]) -> Callable[..., Any]:
+        """``fn`` (a ``torch.distributed`` collective named ``op``) recorded as a span on every call.
+
+        ``describe(group)`` gives a process group's ``(name, size)``, asked once per group;
+        ``group_type`` is what a positional process group argument is an instance of;
+        ``payload_bytes(obj)`` sizes a payload without ``nbytes`` of its own (a list of tensors).
+        """
+
+    def sample_rss(self, interval_s: float, page_size: int) -> bool:
+        """Read host RSS at step ends, at most once per ``interval_s``; False where the recorder cannot
+        (the memory hook reads it then)."""
+
+
+class LineEncoder:
+    """The export thread's half of a recorder: this process's identity block, and queued items → event lines.
+
+    Both recorders are one: the compiled one hands what it cannot write itself to :meth:`encode_batch`.
+    """
+
+    def __init__(self, identity: Identity) -> None:
         self.identity = identity
         self.step_end_hooks: list[Callable[[int | None], None]] = []
         self._strings: dict[str, bytes] = {}
         self._names: dict[tuple[str, str], bytes] = {}  # a span's name and category, encoded once
         self._set_base(identity)
-        self._init_hot(emit)
-
-    def _init_hot(self, emit: Callable[[tuple[Any, ...]], None] | None) -> None:
-        """The training thread's state (the compiled recorder keeps it in ``jobtrace_native``)."""
-        self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
-        # Set by bind(): the export queue that spans append to directly while it is short.
-        self.queue: deque[tuple[Any, ...]] | None = None
-        self.queue_room = 0
-        self.step: int | None = None
-        ident = self.identity
-        self.root_span_id: int | None = int(ident.parent_span_id, 16) if ident.parent_span_id else None
-        self.last_progress_ns = time_ns()
-        # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
-        self.in_collective: tuple[str, str, int, int, int] | None = None
-        self._local = threading.local()
-        self.main_stack: list[Span] = []
-        self._local.stack = self.main_stack
-        self.main_ident = threading.get_ident()
-        # ``new_span(name, cat, step, attrs)``: what the module's ``step()``/``phase()`` call, one call deep.
-        self.new_span: Callable[[str, str, int | None, dict[str, Any] | None], AbstractContextManager[Any]] = (
-            functools.partial(Span, self))
 
     def _set_base(self, identity: Identity) -> None:
-        self._base: dict[str, Any] = {
-            "job": identity.job_id,
-            "trace_id": identity.trace_id,
-            "rank": identity.rank,
-            "local_rank": identity.local_rank,
-            "world": identity.world_size,
-            "node": identity.node,
-            "pid": identity.pid,
-            "v": SCHEMA_VERSION,
-        }
-        self._base_json = _DUMPS(self._base)[1:-1]  # the identity fields, encoded once for every line
+        block = identity_block(job=identity.job_id, trace_id=identity.trace_id, rank=identity.rank,
+                               local_rank=identity.local_rank, world=identity.world_size, node=identity.node,
+                               pid=identity.pid)
+        self._base: dict[str, Any] = block.fields
+        self._base_json = block.json  # the identity fields, encoded once for every line
 
     def set_identity(self, identity: Identity) -> None:
         """A forked child's identity (its own pid): every line written from now on carries it."""
         self.identity = identity
         self._set_base(identity)
-
-    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
-        """Queue items on ``worker``: through ``emit``, or (spans, log records) straight onto its queue."""
-        self.emit = worker.emit
-        self.queue, self.queue_room = worker.direct_queue()
-
-    def entry_points(self) -> dict[str, Callable[..., Any]]:
-        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while
-        this recorder traces; none here, where those functions are already the shortest Python path."""
-        return {}
-
-    def retire(self, null_span: Any) -> None:
-        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
-
-    # ---- training thread ------------------------------------------------------------
-    def stack(self) -> list[Span]:
-        try:
-            return self._local.stack  # type: ignore[no-any-return]
-        except AttributeError:
-            self._local.stack = []
-            return self._local.stack  # type: ignore[no-any-return]
-
-    def current_span_id(self) -> int | None:
-        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
-        return stack[-1].span_id if stack else self.root_span_id
-
-    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> AbstractContextManager[Any]:
-        """``with rec.span("load", "user", key=value):``; a :class:`Span` (or the compiled recorder's)."""
-        return self.new_span(name, cat, step, attrs or None)
-
-    def current_step_span_id(self) -> int | None:
-        """The innermost step span of the calling thread (``otel_context="step"``)."""
-        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
-        for s in reversed(stack):
-            if s.cat == _STEP:
-                return s.span_id
-        return self.root_span_id
-
-    def top(self) -> tuple[str, str, int] | None:
-        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
-        try:
-            s = self.main_stack[-1]
-            return (s.name, s.cat, s.start)
-        except (IndexError, AttributeError):  # popped meanwhile, or not entered yet
-            return None
-
-    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
-        # The hottest path of all (every logging call of the process): one thread-id
-        # check picks the main thread's stack and progress clock, and the common record
-        # (immutable arguments, no exception) goes straight to the queue.
-        if record.name.startswith("jobtrace.export"):
-            return  # the exporter's own warnings must not loop back into its queue
-        msg, args, exc = record.msg, record.args, record.exc_text
-        if (args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args)))) or record.exc_info:
-            msg, args, exc = log_fields(record)  # rare: arguments that could change, or an exception
-        if get_ident() == self.main_ident:
-            stack = self.main_stack
-            if progress:
-                self.last_progress_ns = time_ns()
-        else:
-            stack = self.stack()
-        item = (_LOG, record.created, record.levelname, record.name, msg, args, exc,
-                stack[-1].span_id if stack else self.root_span_id, self.step)
-        q = self.queue
-        if q is not None and len(q) < self.queue_room:
-            q.append(item)  # as in Span.__exit__
-        else:
-            self.emit(item)
-
-    def metrics(self, step: int | None, values: dict[str, Any]) -> None:
-        """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
-        if not _PLAIN_VALUES.issuperset(map(type, values.values())):
-            prepare_metric_values(values)
-        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
-        item = (_METRIC, time_ns(), self.step if step is None else step, values,
-                stack[-1].span_id if stack else self.root_span_id)
-        q = self.queue
-        if q is not None and len(q) < self.queue_room:
-            q.append(item)  # as in Span.__exit__
-        else:
-            self.emit(item)
-
-    def heartbeat(self, attrs: dict[str, Any]) -> None:
-        self.emit((_BEAT, time_ns(), self.step, attrs))
 
     # ---- export thread ------------------------------------------------------------------
     def to_dict(self, item: tuple[Any, ...]) -> dict[str, Any]:
@@ -417,13 +489,13 @@ class Recorder:
                 return None
         try:
             m = _DUMPS(msg)
-            x = b"" if not exc else b',"exc":' + _DUMPS(exc)
+            x = b"" if not exc else _EXC_PART % _DUMPS(exc)
             level_json, logger_json = self._cached(level), self._cached(logger)
         except TypeError:  # as in _encode_span
             return None
-        return b'{"ts":%d,"kind":"log",%b%b,"level":%b,"logger":%b,"msg":%b%b%b}\n' % (
-            int(created * 1e9), self._base_json, b"" if sid is None else b',"span_id":"%016x"' % sid,
-            level_json, logger_json, m, x, b"" if step is None else b',"step":%d' % step)
+        return _LOG_LINE % (
+            int(created * 1e9), self._base_json, b"" if sid is None else _SPAN_ID_PART % sid,
+            level_json, logger_json, m, x, b"" if step is None else _STEP_PART % step)
 
     def _encode_span(self, item: tuple[Any, ...]) -> bytes | None:
         _, sid, parent, name, cat, start, end, step, attrs = item
@@ -431,17 +503,17 @@ class Recorder:
                 or (step is not None and type(step) is not int) or (parent is not None and type(parent) is not int)):
             return None
         try:
-            a = b"" if not attrs else b',"attrs":' + _DUMPS(attrs, default=json_default, option=_NUMPY)
+            a = b"" if not attrs else _ATTRS_PART % _DUMPS(attrs, default=json_default, option=_NUMPY)
             named = self._names.get((name, cat))
             if named is None:
-                named = b',"name":%b,"cat":%b' % (self._cached(name), self._cached(cat))
+                named = _NAMED_PART % (self._cached(name), self._cached(cat))
                 if len(self._names) < 4096:
                     self._names[(name, cat)] = named
         except TypeError:  # not valid UTF-8 (a lone surrogate), say: the general path escapes it
             return None
-        return b'{"ts":%d,"kind":"span",%b,"span_id":"%016x"%b%b,"start":%d,"dur":%d%b%b}\n' % (
-            end, self._base_json, sid, b"" if parent is None else b',"parent_id":"%016x"' % parent,
-            named, start, end - start, b"" if step is None else b',"step":%d' % step, a)
+        return _SPAN_LINE % (
+            end, self._base_json, sid, b"" if parent is None else _PARENT_PART % parent,
+            named, start, end - start, b"" if step is None else _STEP_PART % step, a)
 
     def _encode_metric(self, item: tuple[Any, ...]) -> bytes | None:
         _, ts, step, values, sid = item
@@ -463,9 +535,9 @@ class Recorder:
             m = _DUMPS(metrics)
         except TypeError:
             return None
-        return b'{"ts":%d,"kind":"metric",%b%b,"metrics":%b%b}\n' % (
-            ts, self._base_json, b"" if sid is None else b',"span_id":"%016x"' % sid, m,
-            b"" if step is None else b',"step":%d' % step)
+        return _METRIC_LINE % (
+            ts, self._base_json, b"" if sid is None else _SPAN_ID_PART % sid, m,
+            b"" if step is None else _STEP_PART % step)
 
     def _cached(self, value: str) -> bytes:
         """JSON of a string that repeats (level, logger, span name), encoded once; bounded."""
@@ -475,3 +547,168 @@ class Recorder:
             if len(self._strings) < 4096:
                 self._strings[value] = enc
         return enc
+
+
+class Recorder(LineEncoder):
+    """Turns calls on the training thread into queued items (a :class:`TraceRecorder` in Python)."""
+
+    pending = 0
+    """Items wait on the worker's queue, which counts them itself."""
+
+    def __init__(self, identity: Identity, emit: Callable[[tuple[Any, ...]], None] | None = None) -> None:
+        super().__init__(identity)
+        self.emit: Callable[[tuple[Any, ...]], None] = emit or (lambda item: None)
+        # Set by bind(): the export queue that spans append to directly while it is short.
+        self.queue: deque[tuple[Any, ...]] | None = None
+        self.queue_room = 0
+        self.step: int | None = None
+        ident = self.identity
+        self.root_span_id: int | None = int(ident.parent_span_id, 16) if ident.parent_span_id else None
+        self.last_progress_ns = time_ns()
+        # What the rank is blocked in, for heartbeats: (op, group, seq, t0, bytes) or None.
+        self.in_collective: tuple[str, str, int, int, int] | None = None
+        self._local = threading.local()
+        self.main_stack: list[Span] = []
+        self._local.stack = self.main_stack
+        self.main_ident = threading.get_ident()
+        # Per process group ``[name, size, last seq]``, shared by all ops: the sequence number counts per
+        # group, across ops (the compiled recorder keeps the same table).
+        self._groups: dict[int | None, list[Any]] = {}
+        # ``new_span(name, cat, step, attrs)``: what the module's ``step()``/``phase()`` call, one call deep.
+        self.new_span: NewSpan = functools.partial(Span, self)
+
+    def bind(self, worker: BatchWorker[tuple[Any, ...]]) -> None:
+        """Queue items on ``worker``: through ``emit``, or (spans, log records) straight onto its queue."""
+        self.emit = worker.emit
+        self.queue, self.queue_room = worker.direct_queue()
+
+    def entry_points(self) -> dict[str, Callable[..., Any]]:
+        """Callables that stand in for the package's ``step``/``phase``/``span``/``log_metrics`` while
+        this recorder traces; none here, where those functions are already the shortest Python path."""
+        return {}
+
+    def retire(self, null_span: Any) -> None:
+        """Tracing stopped: the entry points a script may still hold return ``null_span`` from now on."""
+
+    def sample_rss(self, interval_s: float, page_size: int) -> bool:
+        """Not here: the memory hook reads RSS (a Python call at step ends)."""
+        return False
+
+    # ---- training thread ------------------------------------------------------------
+    def stack(self) -> list[Span]:
+        try:
+            return self._local.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            self._local.stack = []
+            return self._local.stack  # type: ignore[no-any-return]
+
+    def current_span_id(self) -> int | None:
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        return stack[-1].span_id if stack else self.root_span_id
+
+    def span(self, name: str, cat: str = SpanCategory.USER, step: int | None = None, **attrs: Any) -> AbstractContextManager[Any]:
+        """``with rec.span("load", "user", key=value):``; a :class:`Span` (or the compiled recorder's)."""
+        return self.new_span(name, cat, step, attrs or None)
+
+    def current_step_span_id(self) -> int | None:
+        """The innermost step span of the calling thread (``otel_context="step"``)."""
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        for s in reversed(stack):
+            if s.cat == _STEP:
+                return s.span_id
+        return self.root_span_id
+
+    def top(self) -> tuple[str, str, int] | None:
+        """The main thread's innermost span as ``(name, cat, start_ns)``; read by the heartbeat thread."""
+        try:
+            s = self.main_stack[-1]
+            return (s.name, s.cat, s.start)
+        except (IndexError, AttributeError):  # popped meanwhile, or not entered yet
+            return None
+
+    def log_record(self, record: logging.LogRecord, progress: bool = True) -> None:
+        # The hottest path of all (every logging call of the process): one thread-id
+        # check picks the main thread's stack and progress clock, and the common record
+        # (immutable arguments, no exception) goes straight to the queue.
+        if record.name.startswith("jobtrace.export"):
+            return  # the exporter's own warnings must not loop back into its queue
+        msg, args, exc = record.msg, record.args, record.exc_text
+        if (args and (type(args) is not tuple or not _IMMUTABLE.issuperset(map(type, args)))) or record.exc_info:
+            msg, args, exc = log_fields(record)  # rare: arguments that could change, or an exception
+        if get_ident() == self.main_ident:
+            stack = self.main_stack
+            if progress:
+                self.last_progress_ns = time_ns()
+        else:
+            stack = self.stack()
+        item = (_LOG, record.created, record.levelname, record.name, msg, args, exc,
+                stack[-1].span_id if stack else self.root_span_id, self.step)
+        q = self.queue
+        if q is not None and len(q) < self.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            self.emit(item)
+
+    def metrics(self, step: int | None, values: dict[str, Any]) -> None:
+        """``values`` is the caller's fresh ``**kwargs`` dict, queued as it is unless it holds tensors."""
+        if not _PLAIN_VALUES.issuperset(map(type, values.values())):
+            prepare_metric_values(values)
+        stack = self.main_stack if get_ident() == self.main_ident else self.stack()
+        item = (_METRIC, time_ns(), self.step if step is None else step, values,
+                stack[-1].span_id if stack else self.root_span_id)
+        q = self.queue
+        if q is not None and len(q) < self.queue_room:
+            q.append(item)  # as in Span.__exit__
+        else:
+            self.emit(item)
+
+    def heartbeat(self, attrs: dict[str, Any]) -> None:
+        self.emit((_BEAT, time_ns(), self.step, attrs))
+
+    def wrap_collective(self, fn: Callable[..., Any], op: str, describe: Callable[[Any], tuple[str, int]],
+                        group_type: Any, payload_bytes: Callable[[Any], int]) -> Callable[..., Any]:
+        """``fn`` recorded as a collective span on every call (see :meth:`TraceRecorder.wrap_collective`).
+
+        The wrapper runs once per collective inside the training step, where every line costs
+        about a microsecond (cold caches after the step's kernels): it does one dict lookup,
+        reads the payload size, and queues a flat tuple; the export thread builds the span's
+        attributes from it (:func:`_as_span`).
+        """
+        rec, groups = self, self._groups
+
+        def new_group(group: Any, key: int | None) -> list[Any]:
+            state = groups[key] = [*describe(group), 0]
+            return state
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group") if kwargs else None
+            if group is None and len(args) > 1:
+                group = next((a for a in args[1:] if isinstance(a, group_type)), None)
+            key = id(group) if group is not None else None
+            state = groups.get(key) or new_group(group, key)
+            seq = state[2] = state[2] + 1
+            first = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list"))
+            payload = getattr(first, "nbytes", None)  # a tensor's; lists of tensors are summed
+            if type(payload) is not int:
+                payload = payload_bytes(first)
+            stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
+            parent = stack[-1].span_id if stack else rec.root_span_id
+            step = rec.step
+            extra = _ASYNC if kwargs and kwargs.get("async_op") else None
+            t0 = time_ns()
+            rec.in_collective = (op, state[0], seq, t0, payload)
+            try:
+                return fn(*args, **kwargs)
+            except BaseException as exc:
+                extra = {**(extra or {}), "error": f"{type(exc).__name__}: {exc}"}
+                raise
+            finally:
+                t1 = time_ns()
+                rec.in_collective = None
+                rec.emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload, extra))
+                rec.last_progress_ns = t1
+
+        wrapper.__jobtrace_wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+

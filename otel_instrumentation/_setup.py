@@ -43,7 +43,7 @@ from shippers import (
 
 from jobtrace.identity import Identity, job_root_span_id, resolve_identity
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
-from ._recorder import Recorder, Span
+from ._recorder import Recorder, TraceRecorder
 
 __all__ = ["Tracing", "get_tracing", "init_tracing", "log_metrics", "phase", "publish_entry_points_on", "span", "step"]
 
@@ -152,7 +152,7 @@ class Tracing:
 
     def stats(self) -> dict[str, Any]:
         # Queued: on the worker's queue, and in the compiled recorder's buffer where that is in use.
-        return asdict(self.worker.stats) | {"queued": self.worker.queued + getattr(self.recorder, "pending", 0)}
+        return asdict(self.worker.stats) | {"queued": self.worker.queued + self.recorder.pending}
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Flush and stop. Idempotent; called automatically at exit and on SIGTERM."""
@@ -316,7 +316,7 @@ class Tracing:
                 _stderr(f"heartbeat error: {exc}")
 
 
-def make_recorder(identity: Identity, native: bool | None = None) -> Recorder:
+def make_recorder(identity: Identity, native: bool | None = None) -> TraceRecorder:
     """The compiled recorder where ``jobtrace_native`` is built, unless ``native`` is false (default
     ``JOBTRACE_NATIVE``); otherwise the Python one."""
     if native if native is not None else config.get_bool(config.NATIVE, default=True):
@@ -521,8 +521,8 @@ def get_tracing() -> Tracing | None:
 
 _ENTRY_POINTS = ("step", "phase", "span", "log_metrics")
 _entry_namespaces: list[ModuleType] = []
-"""The modules whose ``step``/``phase``/``span``/``log_metrics`` :func:`_publish` rebinds (the package's
-``__init__`` registers itself, so this module never imports the package that imports it)."""
+"""The modules whose ``step``/``phase``/``span``/``log_metrics`` :func:`_publish` rebinds: the package's
+``__init__`` and the ``jobtrace`` facade register themselves, so this module never imports either."""
 
 
 def publish_entry_points_on(namespace: ModuleType) -> None:
@@ -532,7 +532,7 @@ def publish_entry_points_on(namespace: ModuleType) -> None:
     _publish(_active.recorder if _active is not None else None)
 
 
-def _publish(recorder: Recorder | None) -> None:
+def _publish(recorder: TraceRecorder | None) -> None:
     """Bind the package's ``step``/``phase``/``span``/``log_metrics`` to ``recorder``'s entry points
     (the compiled recorder's), or back to the functions below (``None``).
 

@@ -5,7 +5,7 @@ The public collective functions are wrapped in both ``torch.distributed`` and
 call records op, process group, group size, a per-group sequence number (the same
 number on every rank for the same collective, which is what lets the hang analysis
 match collectives across ranks), payload bytes and the time spent in the call.
-While a rank is inside a collective, :attr:`Recorder.in_collective` says which one,
+While a rank is inside a collective, :attr:`TraceRecorder.in_collective` says which one,
 so the heartbeat thread can report it even when the main thread is blocked in C++.
 
 For ``async_op=True`` the time is the launch only, and the span says ``async``.
@@ -24,19 +24,15 @@ import functools
 import glob
 import os
 import sys
-from random import getrandbits
-from threading import get_ident
-from time import time_ns
 from typing import Any, Callable
 
 from jobtrace.events import COLLECTIVE_OPS
 
-from ._recorder import _COLLECTIVE, _METRIC, Recorder
+from ._recorder import _METRIC, TraceRecorder
 
 __all__ = ["instrument_torch", "uninstrument_torch", "memory_hook", "wrap_collective"]
 
 _PATCHED: dict[tuple[Any, str], Callable[..., Any]] = {}
-_ASYNC: dict[str, Any] = {"async": True}
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -59,65 +55,18 @@ def _describe(dist: Any, group: Any) -> tuple[str, int]:
     return str(name), size
 
 
-def _make_wrapper(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any, groups: dict[Any, list[Any]]) -> Callable[..., Any]:
-    """``groups`` (shared by all ops: the sequence number counts per group, across ops) maps a group's id to
-    ``[name, size, last seq]``.
+def wrap_collective(fn: Callable[..., Any], op: str, rec: TraceRecorder, dist: Any) -> Callable[..., Any]:
+    """``fn`` recorded on every call, by ``rec`` (the compiled recorder's wrapper is compiled too).
 
-    The wrapper runs once per collective inside the training step, where every line costs
-    about a microsecond (cold caches after the step's kernels): it does one dict lookup,
-    reads the payload size, and queues a flat tuple; the export thread builds the span's
-    attributes from it (``_recorder._as_span``).
+    ``rec`` is given what it needs to know of ``torch.distributed``: a group's name and size
+    (asked once per group), what a positional process group is an instance of, and how to
+    size a payload without ``nbytes`` of its own.
     """
-    process_group_type = getattr(dist, "ProcessGroup", ())
-
-    def describe(group: Any, key: Any) -> list[Any]:
-        state = groups[key] = [*_describe(dist, group), 0]
-        return state
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        group = kwargs.get("group") if kwargs else None
-        if group is None and len(args) > 1:
-            group = next((a for a in args[1:] if isinstance(a, process_group_type)), None)
-        key = id(group) if group is not None else None
-        state = groups.get(key) or describe(group, key)
-        seq = state[2] = state[2] + 1
-        first = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list"))
-        payload = getattr(first, "nbytes", None)  # a tensor's; lists of tensors are summed
-        if type(payload) is not int:
-            payload = _payload_bytes(first)
-        stack = rec.main_stack if get_ident() == rec.main_ident else rec.stack()
-        parent = stack[-1].span_id if stack else rec.root_span_id
-        step = rec.step
-        extra = _ASYNC if kwargs and kwargs.get("async_op") else None
-        t0 = time_ns()
-        rec.in_collective = (op, state[0], seq, t0, payload)
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            extra = {**(extra or {}), "error": f"{type(exc).__name__}: {exc}"}
-            raise
-        finally:
-            t1 = time_ns()
-            rec.in_collective = None
-            rec.emit((_COLLECTIVE, getrandbits(64) or 1, parent, op, t0, t1, step, state, seq, payload, extra))
-            rec.last_progress_ns = t1
-
-    wrapper.__jobtrace_wrapped__ = fn  # type: ignore[attr-defined]
-    return wrapper
+    return rec.wrap_collective(fn, op, functools.partial(_describe, dist), getattr(dist, "ProcessGroup", ()),
+                               _payload_bytes)
 
 
-def wrap_collective(fn: Callable[..., Any], op: str, rec: Recorder, dist: Any,
-                    groups: dict[Any, list[Any]]) -> Callable[..., Any]:
-    """``fn`` recorded on every call: by the compiled recorder itself where it is the one in use."""
-    wrap_native = getattr(rec, "wrap_collective", None)
-    if wrap_native is not None:
-        return wrap_native(fn, op, functools.partial(_describe, dist), getattr(dist, "ProcessGroup", ()),  # type: ignore[no-any-return]
-                           _payload_bytes)
-    return _make_wrapper(fn, op, rec, dist, groups)
-
-
-def instrument_torch(rec: Recorder) -> bool:
+def instrument_torch(rec: TraceRecorder) -> bool:
     """Wrap torch.distributed collectives; False when torch.distributed is not available."""
     try:
         import torch.distributed as dist
@@ -126,13 +75,12 @@ def instrument_torch(rec: Recorder) -> bool:
         return False
     if not dist.is_available():
         return False
-    groups: dict[Any, list[Any]] = {}
     for op in COLLECTIVE_OPS:
         original = getattr(c10d, op, None) or getattr(dist, op, None)
         if original is None:
             continue
         original = getattr(original, "__jobtrace_wrapped__", original)
-        wrapper = wrap_collective(original, op, rec, dist, groups)
+        wrapper = wrap_collective(original, op, rec, dist)
         for module in (dist, c10d):
             if hasattr(module, op):
                 _PATCHED.setdefault((module, op), getattr(module, op))
@@ -162,7 +110,7 @@ def _gpu_device_present() -> bool:
     return any(os.path.exists(f"/dev/{name}") for name in _GPU_NODES) or bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
-def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Callable[[int | None], None] | None:
+def memory_hook(rec: TraceRecorder, interval_s: float = 0.1, cuda: Any = None) -> Callable[[int | None], None] | None:
     """A step-end hook recording CUDA memory counters (when initialised) and host RSS (rate-limited).
 
     ``cuda``: the ``torch.cuda`` module (the default); the seam a test without a GPU uses. With the
@@ -179,8 +127,7 @@ def memory_hook(rec: Recorder, interval_s: float = 0.1, cuda: Any = None) -> Cal
         except Exception:  # noqa: BLE001
             cuda = None
     statm_fd: int | None = None
-    sample_rss = getattr(rec, "sample_rss", None)
-    if sample_rss is None or not sample_rss(interval_s, _PAGE):  # the compiled recorder reads RSS itself
+    if not rec.sample_rss(interval_s, _PAGE):  # the compiled recorder reads RSS itself
         try:
             # Kept open and read with pread: reopening /proc/self/statm costs ~30 µs a step.
             statm_fd = os.open("/proc/self/statm", os.O_RDONLY)

@@ -1,39 +1,73 @@
 """Where ``trace-job`` reads a job from. Every backend ends in the same DuckDB ``events`` table.
 
-Backends other than the embedded store are imported lazily so that a user who only
-uses one of them needs only that extra installed.
+One table maps each backend's name to its :class:`Loader`. Backends other than the
+embedded store are imported when their loader is called, so that a user who only uses
+one of them needs only that extra installed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final, Protocol
 
 from jobtrace.errors import ConfigError
 
 from ._reading import TimeRange
 from ._store import JobData, load_local
 
-__all__ = ["BACKENDS", "TimeRange", "load_job"]
+__all__ = ["BACKENDS", "Loader", "TimeRange", "load_job"]
 
-BACKENDS = ("local", "loki", "victorialogs", "elasticsearch")
+
+class Loader(Protocol):
+    """Loads one job from one kind of backend into DuckDB (:class:`JobData`).
+
+    Each is given every option :func:`load_job` was given and takes what its backend uses:
+    the embedded store ``data_dir``, a server ``url``, ``time_range`` and its own ``options``.
+    """
+
+    def __call__(self, job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange,
+                 **options: Any) -> JobData: ...
+
+
+def _load_local(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, **options: Any) -> JobData:
+    return load_local(data_dir, job_id)
+
+
+def _load_loki(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, **options: Any) -> JobData:
+    from ._loki import load_loki
+
+    return load_loki(job_id, url=url, time_range=time_range, **options)
+
+
+def _load_victorialogs(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange,
+                       **options: Any) -> JobData:
+    from ._victorialogs import load_victorialogs
+
+    return load_victorialogs(job_id, url=url, time_range=time_range, **options)
+
+
+def _load_elasticsearch(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange,
+                        **options: Any) -> JobData:
+    from ._elasticsearch import load_elasticsearch
+
+    return load_elasticsearch(job_id, url=url, time_range=time_range, **options)
+
+
+LOADERS: Final[dict[str, Loader]] = {
+    "local": _load_local,
+    "loki": _load_loki,
+    "victorialogs": _load_victorialogs,
+    "elasticsearch": _load_elasticsearch,
+}
+"""Each backend ``load_job`` reads, by the name ``trace-job --backend`` takes, in the order the help lists them."""
+
+BACKENDS = tuple(LOADERS)
 
 
 def load_job(backend: str, job_id: str, *, data_dir: str = "jobtrace-data", url: str | None = None,
              time_range: TimeRange | None = None, **options: Any) -> JobData:
-    """Load ``job_id``'s events from ``backend`` into DuckDB."""
-    if backend == "local":
-        return load_local(data_dir, job_id)
-    rng = time_range or TimeRange.parse(None, None)
-    if backend == "loki":
-        from ._loki import load_loki
-
-        return load_loki(job_id, url=url, time_range=rng, **options)
-    if backend == "victorialogs":
-        from ._victorialogs import load_victorialogs
-
-        return load_victorialogs(job_id, url=url, time_range=rng, **options)
-    if backend == "elasticsearch":
-        from ._elasticsearch import load_elasticsearch
-
-        return load_elasticsearch(job_id, url=url, time_range=rng, **options)
-    raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """Load ``job_id``'s events from ``backend`` into DuckDB (a server's: over ``time_range``, the last
+    seven days by default)."""
+    loader = LOADERS.get(backend)
+    if loader is None:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return loader(job_id, data_dir=data_dir, url=url, time_range=time_range or TimeRange.parse(None, None), **options)

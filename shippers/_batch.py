@@ -37,10 +37,12 @@ _log = logging.getLogger("jobtrace.export")
 class Sink(Protocol):
     """Where encoded event lines go. Runs on the export thread only.
 
-    Each item of ``write`` is one event line, ending in ``\n``; a sink whose class sets
-    ``takes_chunks = True`` (the embedded store, which writes items as they are) also takes
-    items that hold several whole lines, which spares the ingest's compiled lane a bytes
-    object per event.
+    Each item of ``write`` is one event line, ending in ``\n``, unless the sink's class sets
+    ``takes_chunks = True`` (the embedded store, which writes items as they are): then an item
+    may hold several whole lines, and the compiled recorder's and the ingest lane's buffers go out
+    as one bytes object instead of a bytes object per event. Every sink of this package says
+    ``takes_chunks`` (True or False); it becomes a member of this protocol once ingest's sinks
+    say it too (until then :class:`BatchWorker` reads it with a default of False).
     """
 
     def write(self, lines: Sequence[bytes]) -> None: ...

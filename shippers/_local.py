@@ -30,6 +30,9 @@ __all__ = ["LocalStoreSink"]
 class LocalStoreSink:
     """Appends encoded event lines to this process's file in the job directory."""
 
+    takes_chunks = True
+    """Items may hold several lines: they are written as they are (see :class:`shippers.Sink`)."""
+
     def __init__(self, data_dir: str | os.PathLike[str], job_id: str, node: str, rank: int, pid: int,
                  *, compact: bool | None = None) -> None:
         # JOBTRACE_COMPACT=0 keeps a job's directory to JSON lines only (e.g. a tool that reads them itself).
@@ -41,8 +44,6 @@ class LocalStoreSink:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
             raise StoreError(f"cannot write the embedded store at {self.path}: {exc.strerror}") from exc
-
-    takes_chunks = True  # items may hold several lines: they are written as they are (see shippers.Sink)
 
     def write(self, lines: Sequence[bytes]) -> None:
         view = memoryview(b"".join(lines))

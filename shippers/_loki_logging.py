@@ -32,20 +32,14 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from jobtrace.events import SCHEMA_VERSION, encode
-
-from ._batch import BatchWorker
-from ._loki import (
-    LABEL_KEYS,
-    METADATA_KEYS,
-    LokiEncoder,
-    LokiOptions,
-    LokiShipper,
-    push_url,
-)
 from jobtrace import config
+from jobtrace.events import encode, identity_block
 from jobtrace.http import HttpConfig, RequestsTransport
 from jobtrace.identity import trace_id_for_job
+from loki import LABEL_KEYS, METADATA_KEYS
+
+from ._batch import BatchWorker
+from ._loki import LokiEncoder, LokiOptions, LokiShipper, push_url
 
 __all__ = ["LokiHandler"]
 
@@ -91,11 +85,10 @@ class LokiHandler(logging.Handler):
         http = HttpConfig.from_env(config.LOKI.prefix, url, **overrides)
         node = config.get_str(config.NODE, env) or socket.gethostname()
         # The torch launchers' variables, as python-logging-loki users run under torchrun without init_tracing.
-        self._base: dict[str, Any] = {"job": self.job, "trace_id": trace_id_for_job(self.job),
-                                      "rank": int(env.get("RANK", "0") or 0),
-                                      "local_rank": int(env.get("LOCAL_RANK", "0") or 0),
-                                      "world": int(env.get("WORLD_SIZE", "1") or 1),
-                                      "node": node, "pid": os.getpid(), "v": SCHEMA_VERSION}
+        self._base: dict[str, Any] = identity_block(
+            job=self.job, trace_id=trace_id_for_job(self.job), rank=int(env.get("RANK", "0") or 0),
+            local_rank=int(env.get("LOCAL_RANK", "0") or 0), world=int(env.get("WORLD_SIZE", "1") or 1),
+            node=node, pid=os.getpid()).fields
         directory = Path(spool_dir or Path(tempfile.gettempdir()) / f"jobtrace-loki-handler-{os.getpid()}")
         encoder = LokiEncoder(push_url(http.url), opts, tenant=http.tenant,
                               defaults={"job": self.job, "node": node})

@@ -36,6 +36,11 @@ _SPAN_MARK = b'"kind":"span"'
 
 
 class OtlpSpanSink:
+    """Turns the span lines of each batch into OpenTelemetry spans for the SDK's OTLP exporter."""
+
+    takes_chunks = False
+    """Each item is parsed as one event."""
+
     def __init__(self, resource: Any, endpoint: str | None = None, *, exporter: Any = None,
                  root: RootSpan | None = None) -> None:
         from opentelemetry.sdk.trace import SpanProcessor

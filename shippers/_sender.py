@@ -74,6 +74,9 @@ class SenderStats:
 class SpoolingSender:
     """A :class:`shippers.Sink` that ships lines losslessly through a disk spool."""
 
+    takes_chunks = False
+    """The spool and the encoders read one line per item."""
+
     def __init__(
         self,
         encoder: Encoder,

@@ -110,7 +110,7 @@ def test_while_blocked_the_recorder_says_in_which_collective(traced):
     def blocked(tensor):
         seen.append(rec.in_collective)
 
-    wrapper = wrap_collective(blocked, "all_reduce", rec, dist, {})
+    wrapper = wrap_collective(blocked, "all_reduce", rec, dist)
     wrapper(torch.ones(2))
     wrapper(torch.ones(3))
     assert [(op, group, seq, nbytes) for op, group, seq, _t0, nbytes in seen] == [

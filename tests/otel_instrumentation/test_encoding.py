@@ -175,6 +175,8 @@ def test_spans_logs_and_metrics_appended_directly_stay_bounded_and_all_arrive(tm
     release = threading.Event()
 
     class StalledSink:
+        takes_chunks = False
+
         def __init__(self) -> None:
             self.lines: list[bytes] = []
 
@@ -218,3 +220,64 @@ def test_spans_logs_and_metrics_appended_directly_stay_bounded_and_all_arrive(tm
     assert len(kinds) == worker.stats.exported == 400 * 4 and worker.stats.encode_errors == 0
     assert kinds.count("span") == 800 and kinds.count("log") == 400 and kinds.count("metric") == 400
     assert sorted(e["msg"] for e in events if e["kind"] == "log") == sorted(f"i={i}" for i in range(400))
+
+
+class TestTemplatesFollowTheFieldTable:
+    """The fast path's line templates are built from jobtrace.events.FIELDS, not written out."""
+
+    def test_each_fast_line_writes_its_keys_in_the_tables_order(self, rec):
+        from jobtrace.events import FIELDS
+
+        order = [f.key for f in FIELDS]
+        items = [(_LOG, 1.5, "INFO", "l", "m", None, "trace", 0x1, 3), SPANS[2], SPANS[4],
+                 (_METRIC, 10, 3, {"x": 1.0}, 0x2)]
+        for item in items:
+            line = rec.encode_batch([item])[0]
+            keys = list(orjson.loads(line))  # orjson keeps the order the line has
+            kind = orjson.loads(line)["kind"]
+            assert keys == [k for k in order if k in keys], kind
+            assert all(kind in f.kinds for f in FIELDS if f.key in keys)
+
+    def test_the_templates_are_what_the_table_builds(self):
+        from otel_instrumentation import _recorder as r
+
+        assert r._LOG_LINE == b'{"ts":%d,"kind":"log",%b%b,"level":%b,"logger":%b,"msg":%b%b%b}\n'
+        assert r._SPAN_LINE == b'{"ts":%d,"kind":"span",%b,"span_id":"%016x"%b%b,"start":%d,"dur":%d%b%b}\n'
+        assert r._METRIC_LINE == b'{"ts":%d,"kind":"metric",%b%b,"metrics":%b%b}\n'
+
+    def test_a_table_in_another_order_builds_another_template(self):
+        """Reordered rows reorder the template's keys and slots: the table, not the code, decides."""
+        import dataclasses
+
+        from jobtrace.events import FIELDS
+        from otel_instrumentation._recorder import line_template
+
+        parts = {"ts": "int", "kind": "kind", **dict.fromkeys(("job", "trace_id", "rank", "local_rank", "world", "node",
+                                                                 "pid", "v"), "identity"),
+                 "metrics": "json", "step": "optional", "span_id": "optional"}
+        assert line_template("metric", parts) == (b'{"ts":%d,"kind":"metric",%b%b,"metrics":%b%b}\n',
+                                                  ("ts", "job", "span_id", "metrics", "step"))
+        keys = [f.key for f in FIELDS]
+        moved = list(FIELDS)
+        moved.insert(keys.index("span_id"), moved.pop(keys.index("metrics")))  # metrics before span_id
+        assert line_template("metric", parts, tuple(moved)) == (b'{"ts":%d,"kind":"metric",%b,"metrics":%b%b%b}\n',
+                                                                ("ts", "job", "metrics", "span_id", "step"))
+        # A key the table does not let the kind carry, and identity keys not in one run, are refused.
+        with pytest.raises(ValueError, match="no"):
+            line_template("metric", {**parts, "level": "json"})
+        split = list(FIELDS)
+        split.insert(keys.index("pid"), split.pop(keys.index("span_id")))
+        with pytest.raises(ValueError, match="one run"):
+            line_template("metric", parts, tuple(split))
+        renamed = tuple(dataclasses.replace(f, key="when") if f.key == "ts" else f for f in FIELDS)
+        with pytest.raises(ValueError, match="no"):
+            line_template("metric", parts, renamed)
+
+    def test_the_encoder_refuses_a_template_whose_slots_it_does_not_fill_in_that_order(self):
+        from otel_instrumentation._recorder import _fast_line
+
+        parts = {"ts": "int", "kind": "kind", **dict.fromkeys(("job", "trace_id", "rank", "local_rank", "world", "node",
+                                                                 "pid", "v"), "identity"), "metrics": "json"}
+        assert _fast_line("metric", parts, ("ts", "job", "metrics"), "enc").startswith(b'{"ts":%d')
+        with pytest.raises(RuntimeError, match="enc gives them as"):
+            _fast_line("metric", parts, ("ts", "metrics", "job"), "enc")

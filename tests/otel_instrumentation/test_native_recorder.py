@@ -277,3 +277,38 @@ def test_host_rss_is_read_at_step_ends_at_most_once_per_interval(interval_s, exp
     statm = int(open("/proc/self/statm").read().split()[1]) * page
     for e in rss:
         assert e["span_id"] == f"{0xFEED:016x}" and 0.5 * statm < e["metrics"]["rss_bytes"] < 2 * statm
+
+
+def _protocol_members() -> set[str]:
+    from otel_instrumentation._recorder import TraceRecorder
+
+    names = set(TraceRecorder.__annotations__)
+    names |= {k for k, v in vars(TraceRecorder).items() if not k.startswith("_") and (callable(v) or isinstance(v, property))}
+    return names
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_both_recorders_have_every_member_of_the_protocol(kind):
+    """What Tracing, the bridges and the torch hooks call exists on either recorder, none probed for."""
+    rec = Recorder(IDENT) if kind == "python" else NativeRecorder(IDENT)
+    members = _protocol_members()
+    assert {"pending", "wrap_collective", "sample_rss", "entry_points", "new_span", "log_record"} <= members
+    assert [m for m in sorted(members) if not hasattr(rec, m)] == []
+    assert isinstance(rec.pending, int) and isinstance(rec.sample_rss(0.1, 4096), bool)
+
+
+def test_the_compiled_hot_path_is_the_cores_methods_declared_on_the_class_not_methods_swapped():
+    """Each hot member is a compiled method of the core itself (one C call), and it is an attribute the class
+    declares, never an instance value hiding a method of the class."""
+    nat = NativeRecorder(IDENT)
+    hot = ("new_span", "log_record", "metrics", "emit", "current_span_id", "current_step_span_id", "top",
+           "sample_rss", "drain")
+    for name in hot:
+        member = getattr(nat, name)
+        assert type(member).__name__ == "builtin_function_or_method" and member.__self__ is nat._core, name
+        assert name in NativeRecorder.__annotations__, name
+    for cls in (Recorder, NativeRecorder):
+        rec = cls(IDENT)
+        shadowed = [k for k in vars(rec) if callable(vars(type(rec)).get(k)) or
+                    any(callable(vars(base).get(k)) for base in type(rec).__mro__)]
+        assert shadowed == [], (cls.__name__, shadowed)

@@ -26,6 +26,8 @@ FAST = RetryPolicy(initial_s=0.01, max_s=0.05)
 
 
 class ListSink:
+    takes_chunks = False
+
     def __init__(self, delay=0.0):
         self.lines = []
         self.delay = delay
