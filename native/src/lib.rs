@@ -1,5 +1,6 @@
 //! jobtrace's compiled parts: the ingest fast lane (this file, with `literals` and `moments`)
-//! and the training thread's recorder (`recorder`, used by `otel_instrumentation._native`).
+//! and the training thread's recorder (`recorder`, used by `otel_instrumentation._native`);
+//! `line_writer` writes their event lines' JSON.
 //!
 //! The Python engine (`ingest/_engine.py`) is the reference: it reads every format and
 //! keeps every rule. Most lines of a training log are a handful of kinds, though, and
@@ -38,11 +39,11 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-mod json;
+mod line_writer;
 mod literals;
 mod moments;
 mod recorder;
-use json::{json_float, json_str, push_int};
+use line_writer::{json_float, json_str, push_int};
 use literals::LineFilter;
 use moments::MomentStore;
 
