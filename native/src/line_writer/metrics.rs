@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::json::{json_str, push_float, push_int};
+use super::json::{decimal_float, json_str, push_float, push_int};
 
 /// JSON text written once and shared by every line that repeats it (a recorder span's name and category,
 /// a metric's key).
@@ -22,9 +22,16 @@ impl From<f64> for Num {
     }
 }
 
+/// Whether the lane writes the metric value `x` exactly as orjson does (`push_metric_value` without
+/// `sci_plus`): NaN and the infinities, and the finite floats in decimal notation. The lane checks this
+/// where it reads a value, before a line changes any state; a line with another is Python's.
+pub(crate) fn lane_writes(x: f64) -> bool {
+    !x.is_finite() || decimal_float(x)
+}
+
 /// A metric value: an int; NaN and the infinities as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`
 /// (`metric_value`, `_number`); a finite float as `push_float` writes it, which writes nothing where its
-/// notation is not known (`sci_plus` is `None`: callers check first).
+/// notation is not known (`sci_plus` is `None`: callers check first, see `lane_writes`).
 fn push_metric_value(out: &mut Vec<u8>, n: Num, sci_plus: Option<bool>) {
     match n {
         Num::I(i) => push_int(out, i),
