@@ -67,7 +67,7 @@ impl Collective {
             None => false,
         };
         if !core.try_borrow()?.groups.contains_key(&key) {
-            let g = group.as_ref().map(|g| g.clone()).unwrap_or_else(|| py.None().into_bound(py));
+            let g = group.clone().unwrap_or_else(|| py.None().into_bound(py));
             let (name, size): (Bound<'_, PyAny>, i64) = self.describe.call1(py, (g,))?.extract(py)?;
             let name_json = json_of(&name).map(Into::into);
             core.try_borrow_mut()?.groups.insert(key, Group { name: name.unbind(), name_json, size, seq: 0 });

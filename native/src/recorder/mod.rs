@@ -73,6 +73,15 @@ fn fresh_seed() -> u64 {
     h.finish()
 }
 
+/// A span's name and category objects (kept alive, so that their addresses are not reused) and their JSON.
+type Named = (Py<PyAny>, Py<PyAny>, Chunk);
+
+/// `Recorder.top`: the main thread's innermost span as `(name, cat, start_ns)`.
+type TopSpan = (Py<PyAny>, Py<PyAny>, i64);
+
+/// `Recorder.in_collective`: `(op, group, seq, t0_ns, bytes)` of the collective the rank is blocked in.
+type Blocked = (Py<PyString>, Py<PyAny>, i64, i64, i64);
+
 /// The hot path of one process's tracing; `otel_instrumentation._native.NativeRecorder` wraps it.
 #[pyclass(module = "jobtrace_native")]
 pub struct Recorder {
@@ -99,7 +108,7 @@ pub struct Recorder {
     /// Shared span objects (no step, no attributes) by (name, cat) object; they keep both alive.
     spans: HashMap<(usize, usize), Py<Span>>,
     /// `,"name":…,"cat":…` by (name, cat) object, for spans made anew each time (step spans).
-    names: HashMap<(usize, usize), (Py<PyAny>, Py<PyAny>, Chunk)>,
+    names: HashMap<(usize, usize), Named>,
     /// A metric key's JSON by key object (kept alive here, so its address is not reused).
     keys: HashMap<usize, (Py<PyAny>, Chunk)>,
     /// Level and logger names' JSON, used by the drain (export thread).
@@ -377,7 +386,7 @@ impl Recorder {
     }
 
     /// The main thread's innermost span as `(name, cat, start_ns)`, for the heartbeat thread.
-    fn top(slf: &Bound<'_, Self>) -> PyResult<Option<(Py<PyAny>, Py<PyAny>, i64)>> {
+    fn top(slf: &Bound<'_, Self>) -> PyResult<Option<TopSpan>> {
         let py = slf.py();
         let me = slf.try_borrow()?;
         Ok(me.main.last().map(|f| {
@@ -388,7 +397,7 @@ impl Recorder {
 
     /// What the rank is blocked in: `(op, group, seq, t0_ns, bytes)` or None.
     #[getter]
-    fn in_collective(slf: &Bound<'_, Self>) -> PyResult<Option<(Py<PyString>, Py<PyAny>, i64, i64, i64)>> {
+    fn in_collective(slf: &Bound<'_, Self>) -> PyResult<Option<Blocked>> {
         let py = slf.py();
         let me = slf.try_borrow()?;
         Ok(me.in_coll.as_ref().map(|c| (c.op.clone_ref(py), c.group.clone_ref(py), c.seq, c.t0, c.bytes)))
