@@ -12,7 +12,7 @@ lines, Megatron iteration lines, Hugging Face dicts and tqdm refreshes, headless
 * a bare Python loop over the lines doing what the engine's regexes do (head
   layout match plus the combined trigger search with ``re``): the "plain regex loop";
 * the ingest, Hyperscan matching, to a null sink and to the embedded store, as a user
-  runs it (with the compiled fast lane, ``ingest/native``, where it is built, and the
+  runs it (with the compiled fast lane, ``native/``, where it is built, and the
   allocator thresholds the ``ingest`` command sets, ``ingest/_allocator.py``); the null
   sink takes several lines per item as the store does, once one line per item as the
   network shippers take them, and once with glibc's default thresholds (page faults

@@ -1,4 +1,4 @@
-"""The compiled fast lane (``jobtrace_native``, built from ``ingest/native/``): whether and how to use it.
+"""The compiled fast lane (``jobtrace_native``, built from ``native/``): whether and how to use it.
 
 The Python engine reads every line at ~10 µs whatever is optimised in it (its time is
 spread over decoding, routing, parsing and encoding alike), so the 500,000 lines/s goal

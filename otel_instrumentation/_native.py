@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 jobtrace_native = importlib.import_module("jobtrace_native")
 
 if not hasattr(jobtrace_native, "Recorder"):  # a build from before the compiled recorder
-    raise ImportError("jobtrace_native has no Recorder: reinstall ./ingest/native")
+    raise ImportError("jobtrace_native has no Recorder: reinstall ./native")
 
 __all__ = ["NativeRecorder"]
 

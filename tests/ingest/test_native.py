@@ -1,4 +1,4 @@
-"""The compiled fast lane (``ingest/native``) writes exactly what the Python engine writes.
+"""The compiled fast lane (``native/``) writes exactly what the Python engine writes.
 
 Every ingest test already compares the lane's output with the general per-line path
 (:mod:`tests.ingest.paths`); these tests aim at what the lane itself reads: step lines
