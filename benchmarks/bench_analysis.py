@@ -50,8 +50,8 @@ print(json.dumps({{"load_s": t1 - t0, "analyze_s": t2 - t1, "events": job.stats.
 
 
 def generate(data: Path, ranks: int, steps: int, prune: bool, processes: int) -> tuple[str, float]:
-    from jobtrace.synth import SynthJob, write_job
     from jobtrace.store import SEGMENT_RE, compact, refresh_rollup, rollup_paths
+    from jobtrace.synth import SynthJob, write_job
 
     job_id = f"bench-{ranks}x{steps}"
     directory = data / job_id

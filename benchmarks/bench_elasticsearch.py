@@ -78,8 +78,8 @@ def lines_of(paths: list[Path]) -> list[bytes]:
 
 
 def ours(url: str, lines: list[bytes], namespace: str, spool: Path) -> dict[str, float]:
-    from shippers._elasticsearch import ElasticsearchShipper
     from jobtrace.http import HttpConfig
+    from shippers._elasticsearch import ElasticsearchShipper
 
     shipper = ElasticsearchShipper(HttpConfig(url, timeout_s=60), spool, namespace=namespace, setup="off")
     c0, t0 = time.process_time(), time.perf_counter()
@@ -120,8 +120,8 @@ def helper(url: str, actions: list[dict[str, Any]], chunk_size: int) -> dict[str
 def bench_ship(url: str, work: Path, events: int, repeat: int) -> dict[str, Any]:
     import requests
 
-    from kibana._setup import run_setup
     from jobtrace.http import HttpConfig
+    from kibana._setup import run_setup
 
     run_setup(HttpConfig(url), replicas=0)
     ranks = 32
@@ -162,9 +162,9 @@ def child(url: str, data: Path, job: str) -> dict[str, Any]:
 
 
 def bench_trace(url: str, work: Path, ranks: int, steps: int) -> dict[str, Any]:
-    from shippers._elasticsearch import ElasticsearchShipper
-    from kibana._setup import run_setup
     from jobtrace.http import HttpConfig
+    from kibana._setup import run_setup
+    from shippers._elasticsearch import ElasticsearchShipper
 
     run_setup(HttpConfig(url), replicas=0)
     job = f"trace-{ranks}x{steps}"

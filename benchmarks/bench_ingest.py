@@ -42,14 +42,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.ingest import fixtures as fx  # noqa: E402
+from tests.ingest import fixtures as fx
 
 
 def make_log(path: Path, n_lines: int, seed: int = 1) -> int:
@@ -64,7 +64,7 @@ def make_log(path: Path, n_lines: int, seed: int = 1) -> int:
             stamp = t.strftime("%Y-%m-%d %H:%M:%S") + f",{t.microsecond // 1000:03d}"
             batch: list[str] = []
             for rank in range(8):
-                lab = lambda s: fx.srun_label(rank, 1, s)  # noqa: E731
+                lab = lambda s, r=rank: fx.srun_label(r, 1, s)  # noqa: E731
                 for _ in range(4):
                     batch.append(lab(f"{stamp} - INFO - trainer.data - prefetched shard {rnd.randint(0, 9999)} "
                                      f"({rnd.randint(1, 512)} samples, {rnd.random() * 9:.2f} ms)"))
@@ -177,7 +177,7 @@ def run_ingest_child(path: str, mode: str) -> dict[str, float]:
         # library call in someone else's process gets them).
         takes_chunks = mode != "null-lines"
 
-        def write(self, lines):  # noqa: ANN001
+        def write(self, lines):
             pass
 
     use_hs = None if mode != "re" else False

@@ -35,7 +35,8 @@ import resource
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,7 +61,7 @@ class LoggingSwitch:
         self.root = logging.getLogger()
         self.traced = list(self.root.handlers)
         self.plain = [h for h in self.traced if not isinstance(h, JobtraceHandler)]
-        self.consoles = [(h, h.formatter, h.formatter._inner) for h in self.plain  # noqa: SLF001
+        self.consoles = [(h, h.formatter, h.formatter._inner) for h in self.plain
                          if isinstance(h.formatter, TraceContextFormatter)]
 
     def set(self, log: bool, console: bool) -> None:

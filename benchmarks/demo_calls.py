@@ -25,13 +25,14 @@ import logging
 import os
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from demo_blocks import LoggingSwitch, null_span  # beside this script
 
 import otel_instrumentation as oi
-from demo_blocks import LoggingSwitch, null_span  # beside this script
 from jobtrace.demo.train import average_gradients, make_model
 from otel_instrumentation._torch import wrap_collective
 
@@ -133,34 +134,34 @@ def main() -> None:
     tracing.force_flush(60)
     export_us = {}
     if hasattr(rec, "drain"):
-        with worker._export_lock:  # noqa: SLF001 - the export thread waits while this thread exports
+        with worker._export_lock:
             for i in range(args.export_steps):
                 step(i, True)
             cpu = time.thread_time()
             data, n, _ = rec.drain()
-            worker._write_chunk(data, n)  # noqa: SLF001
+            worker._write_chunk(data, n)
             del data
             export_us["export (drain, write)"] = (time.thread_time() - cpu) / args.export_steps * 1e6
     else:
-        constant = [b"x" * 300 + b"\n"] * worker._batch_size  # noqa: SLF001
+        constant = [b"x" * 300 + b"\n"] * worker._batch_size
         for label, encoder in (("export, encoded", None), ("export, no encoding", lambda items: constant[:len(items)])):
             items: list[tuple[Any, ...]] = []
             rec.queue, rec.emit = None, items.append  # every item to this list instead of the queue
             for i in range(args.export_steps):
                 step(i, True)
             rec.bind(worker)
-            encode = worker._encode_batch  # noqa: SLF001
+            encode = worker._encode_batch
             if encoder is not None:
-                worker._encode_batch = encoder  # noqa: SLF001
-            n = worker._batch_size  # noqa: SLF001
+                worker._encode_batch = encoder
+            n = worker._batch_size
             cpu = time.thread_time()
             while items:
                 batch = items[:n]
                 del items[:n]
-                worker._export(batch)  # noqa: SLF001
+                worker._export(batch)
                 del batch
             export_us[label] = (time.thread_time() - cpu) / args.export_steps * 1e6
-            worker._encode_batch = encode  # noqa: SLF001
+            worker._encode_batch = encode
     if rank == 0:
         total = 0.0
         print(f"{type(rec).__name__}, {world} ranks, {args.steps // 2} steps each side, medians per step (µs, wall of the call)")

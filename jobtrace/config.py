@@ -20,8 +20,9 @@ anything else is a :class:`~jobtrace.errors.ConfigError` naming the variable.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Mapping
+from typing import Final
 
 from .errors import ConfigError
 

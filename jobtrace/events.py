@@ -22,8 +22,9 @@ from it, so a new key is one new row (and the :class:`Event` attribute it fills)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Iterable, Iterator, Mapping
+from typing import Any, Final
 
 import orjson
 
@@ -254,7 +255,7 @@ def json_default(obj: Any) -> Any:
     if callable(item):
         try:
             return item()
-        except Exception:  # noqa: BLE001 - a non-scalar tensor falls back to text
+        except Exception:  # noqa: BLE001, S110 - a non-scalar tensor falls back to text
             pass
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)

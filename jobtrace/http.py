@@ -13,9 +13,10 @@ an error message.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from . import config
 from .errors import BackendUnavailable, ConfigError

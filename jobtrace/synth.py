@@ -169,7 +169,6 @@ def _write_rank(directory: Path, job: SynthJob, starts: list[int], computes: lis
                 out.write(dumps({"ts": end, "kind": "log", **base, "step": s, "level": "INFO",
                                  "logger": "train", "msg": f"step {s} loss {loss:.4f}"}, option=nl))
     size = path.stat().st_size
-    if compact:
-        if write_segment(path) is not None and not keep_lines:
-            path.unlink()
+    if compact and write_segment(path) is not None and not keep_lines:
+        path.unlink()
     return size

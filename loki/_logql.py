@@ -9,7 +9,8 @@ every query and every push.
 from __future__ import annotations
 
 import re
-from typing import Final, Mapping
+from collections.abc import Mapping
+from typing import Final
 
 __all__ = ["LABEL_KEYS", "METADATA_KEYS", "is_label_name", "label_string", "logql_quote", "logsql_quote"]
 

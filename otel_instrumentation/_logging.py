@@ -157,7 +157,7 @@ def install_console(recorder: TraceRecorder, console: bool) -> list[tuple[loggin
         # Nothing prints yet; mirror logging.lastResort (WARNING and up to stderr) with context.
         h = logging.StreamHandler(sys.stderr)
         h.setLevel(logging.WARNING)
-        h._jobtrace_owned = True  # type: ignore[attr-defined]
+        h._jobtrace_owned = True  # type: ignore[attr-defined]  # noqa: SLF001 - our mark on a handler we own
         h.addFilter(TraceContextFilter(recorder))
         h.setFormatter(logging.Formatter(CONSOLE_FORMAT))
         root.addHandler(h)

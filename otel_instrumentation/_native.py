@@ -22,9 +22,10 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 

@@ -13,7 +13,8 @@ span would cost every step and phase ~10 µs; asking costs only the rare OTel sp
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -23,8 +24,8 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanCont
 
 from jobtrace import config
 from jobtrace.events import SpanCategory
-
 from jobtrace.identity import Identity
+
 from ._recorder import _SPAN, TraceRecorder
 
 __all__ = ["install_otel", "resource_for"]
@@ -118,7 +119,7 @@ def install_otel(rec: TraceRecorder, context: str = "all") -> Callable[[], None]
         if token is not None:
             try:
                 otel_context.detach(token)
-            except Exception:  # noqa: BLE001 - detached from another context; nothing to undo
+            except Exception:  # noqa: BLE001, S110 - detached from another context; nothing to undo
                 pass
 
     return undo

@@ -30,16 +30,16 @@ import math
 import threading
 import traceback
 from collections import deque
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from random import getrandbits
 from threading import get_ident
 from time import time_ns
-from typing import TYPE_CHECKING, Any, Callable, Final, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 
 from jobtrace.events import FIELDS, Field, Kind, SpanCategory, encode_lines, identity_block, json_default
-
 from jobtrace.identity import Identity
 
 if TYPE_CHECKING:

@@ -20,16 +20,18 @@ import tempfile
 import threading
 import traceback
 import weakref
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from time import time_ns
 from types import FrameType, ModuleType, TracebackType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from jobtrace import config
 from jobtrace.config import TracingSettings
 from jobtrace.errors import ConfigError, StoreError
 from jobtrace.events import SpanCategory
+from jobtrace.identity import Identity, job_root_span_id, resolve_identity
 from jobtrace.store import spool_root
 from shippers import (
     BatchWorker,
@@ -41,7 +43,6 @@ from shippers import (
     network_sinks_from_env,
 )
 
-from jobtrace.identity import Identity, job_root_span_id, resolve_identity
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
 from ._recorder import Recorder, TraceRecorder
 
@@ -56,7 +57,7 @@ def _stderr(msg: str) -> None:
     try:
         sys.stderr.write(f"jobtrace: {msg}\n")
         sys.stderr.flush()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001, S110 - stderr closed: nowhere left to say it
         pass
 
 
@@ -166,7 +167,7 @@ class Tracing:
         for undo in reversed(self._undo):
             try:
                 undo()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001, S110 - undo what can be undone, whatever failed
                 pass
         with _lock:
             if _active is self:
@@ -304,7 +305,7 @@ class Tracing:
                 stalled_ns = now - rec.last_progress_ns
                 if stalled_ns > self.stall_dump_s * 1e9 and dumped_for != rec.last_progress_ns:
                     dumped_for = rec.last_progress_ns
-                    frame = sys._current_frames().get(main_ident or 0)
+                    frame = sys._current_frames().get(main_ident or 0)  # noqa: SLF001 - the way to read a thread's stack
                     stack_text = "".join(traceback.format_stack(frame)) if frame else "(no main thread)"
                     self._record_message(
                         logging.WARNING,
@@ -341,7 +342,7 @@ def _default_sinks(data_dir: str, settings: TracingSettings, strict: bool) -> Ca
         try:
             info = ProcessInfo(ident.job_id, ident.node, ident.rank, ident.pid, spool_root(data_dir, ident.job_id))
             network = network_sinks_from_env(info)
-        except Exception as exc:  # noqa: BLE001 - a bad server config must not stop training
+        except Exception as exc:  # a bad server config must not stop training
             if strict:
                 raise ConfigError(f"cannot set up a log shipper: {exc}") from exc
             _stderr(f"cannot set up a log shipper: {exc}; continuing with the embedded store")

@@ -24,7 +24,8 @@ import functools
 import glob
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jobtrace.events import COLLECTIVE_OPS
 

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from ._backends import BACKENDS, TimeRange, load_job
 from ._analysis import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, analyze
+from ._backends import BACKENDS, TimeRange, load_job
 from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_flight_recorder
 from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query

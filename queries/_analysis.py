@@ -23,18 +23,29 @@ of the step; data wait the ``data`` phase; compute the rest. The first
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
+
+from jobtrace.store import build_tables
 
 from ._golden import GoldenProfile, compare_to_golden
 from ._hang import analyze_hang
 from ._health import analyze_health, breakdown
 from ._links import LinkConfig, attach_links
 from ._model import (
-    AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, NodeSummary, RankSummary, Report, ms, rows,
+    AFTER_WARMUP,
+    AnalysisConfig,
+    AnalysisContext,
+    EventRef,
+    Finding,
+    NodeSummary,
+    RankSummary,
+    Report,
+    ms,
+    rows,
 )
 from ._store import JobData
 from ._straggler import analyze_stragglers, late_arrival_findings, late_arrivals, window_size
-from jobtrace.store import build_tables
 
 __all__ = ["AnalysisConfig", "EventRef", "Finding", "NodeSummary", "RankSummary", "Report", "analyze"]
 

@@ -24,14 +24,15 @@ import os
 import pickle
 import re
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import orjson
 
 from jobtrace.errors import QueryError
-
 from jobtrace.store import json_scan_sql
+
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["add_flight_recorder", "flight_recorder_events", "load_flight_recorder", "read_flight_recorder"]
@@ -194,7 +195,7 @@ def add_flight_recorder(job: JobData, paths: Iterable[str | os.PathLike[str]]) -
     job.writable()
     try:
         job.con.execute(
-            f"INSERT INTO events SELECT * FROM {json_scan_sql()}",
+            f"INSERT INTO events BY NAME SELECT * FROM {json_scan_sql()}",
             [path],
         )
     finally:

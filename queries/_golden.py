@@ -22,13 +22,15 @@ before and a level after (least absolute deviation from each side's median). Onl
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import orjson
 
@@ -218,7 +220,7 @@ def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], c
         want = statistics.median(v for v in centre[start:end + 1] if v is not None)
         band = statistics.median(u for u in upper[start:end + 1] if u is not None)
         ratio = got / want if want else float("inf")
-        fmt: Callable[[float], str] = (lambda x: f"{x:.1f} {unit}".strip()) if unit else (lambda x: f"{x:.4g}")
+        fmt: Callable[[float], str] = functools.partial(_with_unit, unit=unit) if unit else _plain_number
         f = Finding(
             "golden_deviation", "warning",
             f"{name} deviates from golden run{'s' if len(refs) > 1 else ''} {names} from step {s0}: {fmt(got)} vs "
@@ -240,3 +242,11 @@ def _refs(job: Any, name: str, step: int) -> list[EventRef]:
         return [EventRef(r["rank"], int(r["ts"]), "span", r["step"], r["span_id"], "step") for r in out]
     out = rows(job.con, "SELECT rank, step, ts, span_id FROM mets WHERE step = ? ORDER BY rank LIMIT 8", [step])
     return [EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in out]
+
+
+def _with_unit(x: float, unit: str) -> str:
+    return f"{x:.1f} {unit}".strip()
+
+
+def _plain_number(x: float) -> str:
+    return f"{x:.4g}"

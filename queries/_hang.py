@@ -139,9 +139,7 @@ def _wavefronts(con: DuckDBPyConnection, pending_lists: dict[int, list[dict[str,
         nbytes = max(sizes, key=lambda b: sizes[b]) if sizes else None
         mismatched: dict[int, str] = {}
         for r, p in in_g.items():
-            if p["seq"] != seq:
-                mismatched[r] = f"{p['op']} #{p['seq']}"
-            elif p["op"] != op:
+            if p["seq"] != seq or p["op"] != op:
                 mismatched[r] = f"{p['op']} #{p['seq']}"
             elif nbytes is not None and p["bytes"] is not None and p["bytes"] != nbytes and op in _SAME_SIZE:
                 mismatched[r] = f"{p['op']} #{p['seq']} with {p['bytes']} bytes"

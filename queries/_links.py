@@ -18,9 +18,10 @@ query or the URL around it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any
 from urllib.parse import quote
 
 import orjson

@@ -29,9 +29,10 @@ import math
 import re
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 from urllib.parse import urlencode
 
 import orjson

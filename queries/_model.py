@@ -10,8 +10,9 @@ being made, which holds the job's connection and never leaves the analysis.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 

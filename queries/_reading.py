@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from jobtrace.errors import BackendUnavailable, ConfigError, QueryError
 from jobtrace.redact import url_for_display

@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import duckdb
 import orjson

@@ -28,7 +28,16 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from ._model import (
-    AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, NodeSummary, RankSummary, ids, ms, rows,
+    AFTER_WARMUP,
+    AnalysisConfig,
+    AnalysisContext,
+    EventRef,
+    Finding,
+    NodeSummary,
+    RankSummary,
+    ids,
+    ms,
+    rows,
     span_list,
 )
 

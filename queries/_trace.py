@@ -8,8 +8,8 @@ behaviour by handing in their own loaded :class:`JobData`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from jobtrace.errors import JobNotFound, Refused
 

@@ -25,9 +25,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import orjson
 

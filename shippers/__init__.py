@@ -8,15 +8,6 @@ sender thread) around a backend-specific :class:`Encoder` and a :class:`Transpor
 
 from __future__ import annotations
 
-from ._batch import BatchWorker, Sink, WorkerStats
-from ._export import ExportSummary, export_job
-from ._local import LocalStoreSink
-from ._loki_logging import LokiHandler
-from ._otlp import OtlpSpanSink, RootSpan
-from ._process import ProcessInfo
-from ._registry import NETWORK_BACKENDS, SHIPPER_BACKENDS, local_store_enabled, network_sinks_from_env, open_shipper
-from ._sender import Encoder, Outcome, SenderStats, SpoolingSender
-from ._spool import Batch, DeadLetter, Spool
 from jobtrace.http import (
     HttpConfig,
     InMemoryTransport,
@@ -26,6 +17,16 @@ from jobtrace.http import (
     RetryPolicy,
     Transport,
 )
+
+from ._batch import BatchWorker, Sink, WorkerStats
+from ._export import ExportSummary, export_job
+from ._local import LocalStoreSink
+from ._loki_logging import LokiHandler
+from ._otlp import OtlpSpanSink, RootSpan
+from ._process import ProcessInfo
+from ._registry import NETWORK_BACKENDS, SHIPPER_BACKENDS, local_store_enabled, network_sinks_from_env, open_shipper
+from ._sender import Encoder, Outcome, SenderStats, SpoolingSender
+from ._spool import Batch, DeadLetter, Spool
 
 __all__ = [
     "NETWORK_BACKENDS",

@@ -24,8 +24,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["BatchWorker", "Sink", "WorkerStats"]
 
@@ -260,9 +261,8 @@ class BatchWorker(Generic[T]):
         if self._spill_fd is not None:
             os.close(self._spill_fd)
             self._spill_fd = None
-            if self._spill_path and os.path.exists(self._spill_path):
-                if os.path.getsize(self._spill_path) == 0:
-                    os.unlink(self._spill_path)
+            if self._spill_path and os.path.exists(self._spill_path) and os.path.getsize(self._spill_path) == 0:
+                os.unlink(self._spill_path)
 
     @property
     def queued(self) -> int:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any
 
 import orjson
 

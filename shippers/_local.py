@@ -18,7 +18,7 @@ Why this shape:
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from jobtrace import config
 from jobtrace.errors import StoreError

@@ -29,8 +29,9 @@ import os
 import socket
 import tempfile
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from jobtrace import config
 from jobtrace.events import encode, identity_block
@@ -104,7 +105,7 @@ class LokiHandler(logging.Handler):
             if isinstance(args, Mapping) or not all(isinstance(a, _IMMUTABLE) for a in values):
                 try:
                     record.msg, record.args = record.getMessage(), None
-                except Exception:  # noqa: BLE001 - reported by the export thread as a format error
+                except Exception:  # noqa: BLE001, S110 - reported by the export thread as a format error
                     pass
         self.worker.emit(record)
 

@@ -14,7 +14,8 @@ is the log backend. The SDK queue drops spans when the collector is away for lon
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import orjson
 

@@ -21,14 +21,15 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from jobtrace.errors import BackendUnavailable
+from jobtrace.http import Request, Response, RetryPolicy, Transport
 
 from ._spool import DeadLetter, Spool
-from jobtrace.http import Request, Response, RetryPolicy, Transport
 
 __all__ = ["Encoder", "Outcome", "SenderStats", "SpoolingSender"]
 

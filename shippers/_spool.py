@@ -22,9 +22,9 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import orjson
 
@@ -117,7 +117,7 @@ class Spool:
         size = 0
         while True:
             try:
-                fh = open(self.dir / _SEG.format(seg), "rb")
+                fh = open(self.dir / _SEG.format(seg), "rb")  # noqa: SIM115 - closed by the `with fh` below
             except FileNotFoundError:
                 fh = None
             if fh is not None:

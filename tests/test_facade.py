@@ -35,7 +35,7 @@ def test_an_unknown_name_is_an_attribute_error():
     import pytest
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        jobtrace.nope  # noqa: B018
+        jobtrace.nope
 
 
 def test_the_core_and_the_version_never_import_the_instrumentation(tmp_path):

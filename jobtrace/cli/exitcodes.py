@@ -20,7 +20,8 @@ errors to pick a code itself. ``--debug`` is an option of every command and of t
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Final, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, NoReturn, TypeVar
 
 import click
 

@@ -83,7 +83,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
     for name in plugins:
         try:
             importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any import failure is a usage error
+        except Exception as exc:  # any import failure is a usage error
             raise click.BadParameter(f"cannot import plugin {name!r}: {exc}", param_hint="--plugin") from exc
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -45,7 +46,7 @@ def version_option(f: _F) -> _F:
                         help="Print the version and whether the compiled parts are installed, and exit.")(f)
 
 
-def backend_option(choices: tuple[str, ...], *, default: str | None, help: str) -> Callable[[_F], _F]:
+def backend_option(choices: tuple[str, ...], *, default: str | None, help: str) -> Callable[[_F], _F]:  # noqa: A002 - click's name
     """``--backend`` (the one spelling of the backend choice), with ``--to`` kept as a hidden alias
     so that scripts written for the old spelling keep running. The command gets ``backend``.
 

@@ -89,9 +89,8 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
     """
     from dataclasses import replace
 
-    from queries import AnalysisConfig
+    from queries import AnalysisConfig, TimeRange, load_flight_recorder, load_job
     from queries import trace_job as run_trace
-    from queries import TimeRange, load_flight_recorder, load_job
 
     rng = TimeRange.parse(since, until) if backend != "local" else None
     opts = _trace_options(views)

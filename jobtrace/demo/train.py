@@ -29,8 +29,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist

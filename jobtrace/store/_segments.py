@@ -29,8 +29,9 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+from collections.abc import Generator, Mapping
 from pathlib import Path
-from typing import Any, Generator, Mapping
+from typing import Any
 
 import orjson
 

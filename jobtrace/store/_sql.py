@@ -7,7 +7,7 @@ directory name can never end a string early.
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["literal", "literal_list"]
 

@@ -18,7 +18,8 @@ derives only the ranks that left none and appends the rollups' rows.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Final, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import orjson
 

@@ -12,6 +12,7 @@ import orjson
 import pytest
 import requests
 
+
 @pytest.fixture(scope="session")
 def es_shim(opensearch: Any) -> Iterator[Any]:
     """An Elasticsearch 8.15 façade over the session OpenSearch node (see es_shim.py)."""
@@ -75,8 +76,8 @@ def as_multiset(events: list[dict[str, Any]]) -> dict[bytes, int]:
 def ship(url: str, lines: list[bytes], spool_dir: Path, *, timeout_s: float = 60.0, request_timeout_s: float = 10.0,
          **kw: Any) -> Any:
     """Ship ``lines`` with an in-process ElasticsearchShipper, wait until all are accepted, close it."""
-    from shippers._elasticsearch import ElasticsearchShipper
     from jobtrace.http import HttpConfig
+    from shippers._elasticsearch import ElasticsearchShipper
 
     shipper = ElasticsearchShipper(HttpConfig(url, timeout_s=request_timeout_s), spool_dir, **kw)
     shipper.write(lines)

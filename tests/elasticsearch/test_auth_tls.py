@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from shippers._elasticsearch import ElasticsearchShipper
 from jobtrace.http import HttpConfig
+from shippers._elasticsearch import ElasticsearchShipper
 from tests.servers.base import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

@@ -12,9 +12,9 @@ import logging
 import orjson
 import pytest
 
+from jobtrace.http import HttpConfig
 from shippers import InMemoryTransport, Response, RetryPolicy, SpoolingSender
 from shippers._elasticsearch import ElasticsearchShipper, EsBulkEncoder
-from jobtrace.http import HttpConfig
 
 FAST = RetryPolicy(initial_s=0.01, max_s=0.05)
 

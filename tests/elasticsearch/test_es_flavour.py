@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from jobtrace.http import HttpConfig
+from kibana._setup import Retention, run_setup
 from queries import analyze, load_local
 from queries._elasticsearch import load_elasticsearch
-from kibana._setup import Retention, run_setup
-from jobtrace.http import HttpConfig
 from tests.elasticsearch.conftest import (
     all_time,
     report_without_source,

@@ -9,11 +9,11 @@ import orjson
 import pytest
 import requests
 
-from shippers import RetryPolicy
+from jobtrace.http import HttpConfig
+from jobtrace.store import job_dir
 from kibana._document import from_document
 from kibana._setup import run_setup
-from jobtrace.store import job_dir
-from jobtrace.http import HttpConfig
+from shippers import RetryPolicy
 from tests.elasticsearch.conftest import (
     as_multiset,
     canonical,

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 
 from jobtrace.cli import trace_job
 from jobtrace.errors import JobNotFound
+from jobtrace.http import HttpConfig
+from kibana._setup import run_setup
 from queries import analyze, load_local
 from queries._backends import TimeRange
 from queries._elasticsearch import load_elasticsearch
-from kibana._setup import run_setup
-from jobtrace.http import HttpConfig
 from tests.elasticsearch.conftest import (
     all_time,
     report_modulo_ties,
@@ -120,9 +120,9 @@ def test_backing_indices_with_several_shards_are_still_read_completely(opensearc
     """_doc repeats across shards on OpenSearch: then the (@timestamp, event.id) order is used."""
     import requests
 
-    from queries._elasticsearch import _sort
-    from kibana._setup import client_caller, detect_cluster, make_client
     from jobtrace.http import RequestsTransport
+    from kibana._setup import client_caller, detect_cluster, make_client
+    from queries._elasticsearch import _sort
 
     run_setup(HttpConfig(opensearch.url))
     for t in ("logs", "metrics", "traces"):
@@ -168,8 +168,8 @@ class FakeCluster:
 
 
 def test_pages_are_prefetched_in_order_and_the_point_in_time_is_closed():
-    from queries._elasticsearch import iter_job_documents
     from kibana._setup import Cluster
+    from queries._elasticsearch import iter_job_documents
 
     fake = FakeCluster(pages=5)
     docs = list(iter_job_documents(fake, Cluster("opensearch", "2.19.0"), "j", all_time(), page_size=2))
@@ -179,8 +179,8 @@ def test_pages_are_prefetched_in_order_and_the_point_in_time_is_closed():
 
 def test_a_failed_shard_mid_read_is_an_error_not_a_partial_report():
     from jobtrace.errors import QueryError
-    from queries._elasticsearch import iter_job_documents
     from kibana._setup import Cluster
+    from queries._elasticsearch import iter_job_documents
 
     fake = FakeCluster(pages=5, fail_at=3)
     with pytest.raises(QueryError, match="1 shard.*failed.*incomplete"):
@@ -189,8 +189,8 @@ def test_a_failed_shard_mid_read_is_an_error_not_a_partial_report():
 
 
 def test_stopping_early_closes_the_point_in_time():
-    from queries._elasticsearch import iter_job_documents
     from kibana._setup import Cluster
+    from queries._elasticsearch import iter_job_documents
 
     fake = FakeCluster(pages=1000)
     it = iter_job_documents(fake, Cluster("opensearch", "2.19.0"), "j", all_time(), page_size=2)

@@ -22,10 +22,10 @@ import requests
 
 import kibana
 from jobtrace.errors import ConfigError
+from jobtrace.http import HttpConfig
 from kibana import _build
 from kibana._document import doc_id
 from kibana._setup import import_saved_objects, run_setup
-from jobtrace.http import HttpConfig
 from tests.elasticsearch.conftest import refresh, ship, synth_lines
 from tests.servers.base import free_port
 

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from jobtrace.cli import main
 from jobtrace.errors import BackendUnavailable, ConfigError
+from jobtrace.http import HttpConfig, RequestsTransport
 from kibana._setup import (
     Cluster,
     Retention,
@@ -32,7 +33,6 @@ from kibana._setup import (
     run_setup,
     transport_caller,
 )
-from jobtrace.http import HttpConfig, RequestsTransport
 from tests.elasticsearch.es_shim import validate_ilm
 
 TYPES = ("logs", "metrics", "traces")

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import requests
 
+from jobtrace.store import job_dir
+from kibana._document import from_document
 from queries import analyze, load_local
 from queries._analysis import AnalysisConfig
 from queries._elasticsearch import load_elasticsearch
-from kibana._document import from_document
-from jobtrace.store import job_dir
 from tests.elasticsearch.conftest import (
     all_time,
     as_multiset,

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from jobtrace.errors import JobNotFound
+from jobtrace.http import HttpConfig
 from queries._backends import TimeRange
 from queries._victorialogs import (
     VictoriaLogsReader,
@@ -18,7 +19,6 @@ from queries._victorialogs import (
 )
 from shippers import RequestsTransport
 from shippers._loki import LokiEncoder, LokiOptions, push_url
-from jobtrace.http import HttpConfig
 
 pytestmark = pytest.mark.servers
 

@@ -115,9 +115,8 @@ def test_real_log_records_and_spans_round_trip(rec):
     rec.emit = items.append
     log = logging.getLogger("enc.test")
     rec.log_record(log.makeRecord("enc.test", logging.INFO, __file__, 1, "value %s at %d", ("x", 3), None))
-    with rec.span("outer", "user", step=2, key="v"):
-        with rec.span("inner", "phase"):
-            rec.log_record(log.makeRecord("enc.test", logging.ERROR, __file__, 1, "inside", None, None))
+    with rec.span("outer", "user", step=2, key="v"), rec.span("inner", "phase"):
+        rec.log_record(log.makeRecord("enc.test", logging.ERROR, __file__, 1, "inside", None, None))
     lines = rec.encode_batch(items)
     assert lines == [_general(rec, i) for i in items]
     events = [orjson.loads(x) for x in lines]
@@ -204,9 +203,8 @@ def test_spans_logs_and_metrics_appended_directly_stay_bounded_and_all_arrive(tm
     log = logging.getLogger("bounded.test")
     peak = 0
     for i in range(400):
-        with rec.span("step", "step", step=i):
-            with rec.span("forward", "phase"):
-                rec.log_record(log.makeRecord("bounded.test", logging.INFO, __file__, 1, "i=%d", (i,), None))
+        with rec.span("step", "step", step=i), rec.span("forward", "phase"):
+            rec.log_record(log.makeRecord("bounded.test", logging.INFO, __file__, 1, "i=%d", (i,), None))
         rec.metrics(i, {"loss": 0.5})
         peak = max(peak, worker.queued + getattr(rec, "pending", 0))
         if i == 10:

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from jobtrace.identity import resolve_identity
 from otel_instrumentation._recorder import _LOG, _METRIC, _SPAN, Recorder
 from otel_instrumentation._setup import make_recorder
-
 from tests.compiled import need_native
 
 from .test_encoding import LOGS, METRICS, SPANS
@@ -142,9 +141,8 @@ def scenario(rec) -> dict:
         rec.metrics(9, {"x": 1.0})
         with rec.span("backward", "phase", note="attrs", n=[1, 2]):
             pass
-        with pytest.raises(KeyError):
-            with rec.span("optimizer", "phase"):
-                raise KeyError("k")
+        with pytest.raises(KeyError), rec.span("optimizer", "phase"):
+            raise KeyError("k")
         with rec.span("data", "phase", step=77):  # its own step, not the step span's
             pass
         with rec.span("caf\udce9", "user"):  # not valid UTF-8: the Python encoder escapes it
@@ -268,9 +266,8 @@ def test_host_rss_is_read_at_step_ends_at_most_once_per_interval(interval_s, exp
     if hook is not None:
         nat.step_end_hooks.append(hook)
     for i in range(3):
-        with nat.span("step", "step", step=i):
-            with nat.span("forward", "phase"):
-                pass
+        with nat.span("step", "step", step=i), nat.span("forward", "phase"):
+            pass
     rss = [orjson.loads(x) for x in drained(nat) if b'"metric"' in x]
     assert [e["step"] for e in rss] == expected
     page = os.sysconf("SC_PAGE_SIZE")

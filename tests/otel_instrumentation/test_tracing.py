@@ -34,9 +34,8 @@ class TestLogsAndSpans:
     def test_every_log_line_carries_job_trace_and_active_span(self, tracing, tmp_path):
         """A plain logger.info inside a phase is stored with the job's trace id and the phase's span id."""
         log = logging.getLogger("user.code")
-        with oi.step(3):
-            with oi.phase("forward") as fwd:
-                log.info("step %d loss %.4f", 3, 0.25)
+        with oi.step(3), oi.phase("forward") as fwd:
+            log.info("step %d loss %.4f", 3, 0.25)
         logs = [e for e in events_of(tracing, tmp_path, "log") if e["logger"] == "user.code"]
         assert len(logs) == 1
         ev = logs[0]
@@ -47,10 +46,8 @@ class TestLogsAndSpans:
 
     def test_spans_nest_step_phase_user(self, tracing, tmp_path):
         """phase → parent step → parent the job root, and durations are positive."""
-        with oi.step(0) as st:
-            with oi.phase("backward") as ph:
-                with oi.span("bucket") as sp:
-                    time.sleep(0.001)
+        with oi.step(0) as st, oi.phase("backward") as ph, oi.span("bucket"):
+            time.sleep(0.001)
         spans = {e["name"]: e for e in events_of(tracing, tmp_path, "span")}
         assert spans["bucket"]["parent_id"] == spans["backward"]["span_id"] == f"{ph.span_id:016x}"
         assert spans["backward"]["parent_id"] == spans["step"]["span_id"] == f"{st.span_id:016x}"
@@ -59,9 +56,8 @@ class TestLogsAndSpans:
         assert spans["backward"]["start"] >= spans["step"]["start"]
 
     def test_exception_inside_a_span_is_recorded_on_the_span(self, tracing, tmp_path):
-        with pytest.raises(ZeroDivisionError):
-            with oi.phase("forward"):
-                1 / 0
+        with pytest.raises(ZeroDivisionError), oi.phase("forward"):
+            1 / 0
         (span,) = events_of(tracing, tmp_path, "span")
         assert span["attrs"]["error"].startswith("ZeroDivisionError")
 
@@ -128,9 +124,8 @@ class TestLogsAndSpans:
         """``oi.step``/``phase``/``span``/``log_metrics`` with attributes and without a step: what the
         compiled recorder's entry points (bound to the package while it traces) must record alike."""
         with oi.step(5, tokens=3) as st:
-            with oi.phase("forward", micro=2):
-                with oi.span("bucket", k="v"):
-                    oi.log_metrics(loss=1.0)
+            with oi.phase("forward", micro=2), oi.span("bucket", k="v"):
+                oi.log_metrics(loss=1.0)
             with oi.phase("forward"):  # the shared object, not the one with attributes
                 pass
             oi.log_metrics()
@@ -161,9 +156,8 @@ class TestLogsAndSpans:
         assert tracing.stats()["queued"] == 0
 
     def test_heartbeats_report_the_current_span(self, tracing, tmp_path):
-        with oi.step(1):
-            with oi.phase("forward"):
-                time.sleep(0.5)
+        with oi.step(1), oi.phase("forward"):
+            time.sleep(0.5)
         beats = events_of(tracing, tmp_path, "heartbeat")
         assert any(b.get("attrs", {}).get("in_span") == "forward" for b in beats)
 
@@ -224,11 +218,10 @@ class TestOpenTelemetry:
         with tracer.start_as_current_span("setup") as before:
             pass
         with oi.step(0) as st:
-            with oi.phase("forward") as ph:
-                with tracer.start_as_current_span("attention") as s:
-                    ctx = s.get_span_context()
-                    with tracer.start_as_current_span("softmax") as inner:
-                        pass
+            with oi.phase("forward") as ph, tracer.start_as_current_span("attention") as s:
+                ctx = s.get_span_context()
+                with tracer.start_as_current_span("softmax") as inner:
+                    pass
             with tracer.start_as_current_span("between") as between:
                 pass
         assert f"{ctx.trace_id:032x}" == tracing.identity.trace_id

@@ -95,6 +95,7 @@ class TestColumnarCache:
     def test_a_finished_job_is_cached_and_the_cache_gives_the_same_report(self, tmp_path, monkeypatch):
         """Second read comes from Parquet; any new line invalidates the cache."""
         import os
+
         import queries._store as store
         from queries import analyze, load_local
 

@@ -26,9 +26,9 @@ def test_an_unknown_backend_is_a_config_error_naming_the_known_ones():
 
 
 def test_a_server_loader_gets_the_url_the_range_and_its_own_options(monkeypatch):
+    import queries._elasticsearch
     import queries._loki
     import queries._victorialogs
-    import queries._elasticsearch
 
     calls = []
     rng = TimeRange.parse("2h", None)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
+from jobtrace.store import SEGMENT_RE, compact, refresh_rollup, rollup_paths, segment_for
 from jobtrace.synth import SynthJob, write_job
 from queries import analyze, load_local
-from jobtrace.store import SEGMENT_RE, compact, refresh_rollup, rollup_paths, segment_for
 from shippers import LocalStoreSink
 
 

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 
-from jobtrace.demo import DemoConfig, run_job  # noqa: E402
-from queries import (  # noqa: E402
+from jobtrace.demo import DemoConfig, run_job
+from queries import (
     AnalysisConfig,
     add_flight_recorder,
     analyze,

@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 
-from jobtrace.demo import DemoConfig, run_job  # noqa: E402
-from queries import AnalysisConfig, analyze, load_local  # noqa: E402
-from jobtrace.store import segment_for  # noqa: E402
-from tests.conftest import read_events  # noqa: E402
+from jobtrace.demo import DemoConfig, run_job
+from jobtrace.store import segment_for
+from queries import AnalysisConfig, analyze, load_local
+from tests.conftest import read_events
 
 pytestmark = pytest.mark.torchjob
 

@@ -153,7 +153,7 @@ class _Page:
         while time.monotonic() < end:
             try:
                 self._on_event(json.loads(self.ws.recv()))
-            except Exception:  # noqa: BLE001 - a receive timeout: nothing more yet
+            except Exception:  # a receive timeout: nothing more yet
                 pass
         self.ws.settimeout(15)
 

@@ -113,7 +113,8 @@ class TestSpool:
         b = sp.read_batch(1, 100)
         sp.commit(b.end)
         sp._write_fd, fd = -1, sp._write_fd  # simulate a crash: no close()
-        import fcntl, os
+        import fcntl
+        import os
         os.close(fd)
         fcntl.flock(sp._lock_fd, fcntl.LOCK_UN)
         again = Spool(tmp_path)
@@ -123,7 +124,8 @@ class TestSpool:
     def test_a_torn_append_is_not_replayed_as_a_line(self, tmp_path):
         sp = Spool(tmp_path)
         sp.append([b"whole\n"])
-        import fcntl, os
+        import fcntl
+        import os
         os.write(sp._write_fd, b'{"torn')
         os.close(sp._write_fd)
         fcntl.flock(sp._lock_fd, fcntl.LOCK_UN)
@@ -268,7 +270,7 @@ class TestSpoolingSender:
         """While the server is down the backlog is on disk; requests never exceed one batch."""
         server = Server(["down"] * 50)
         s = make_sender(tmp_path, server)
-        for i in range(200):
+        for _ in range(200):
             s.write([b"x" * 200 + b"\n"] * 100)
         backlog = s.spool.pending_bytes()
         assert backlog > 3_000_000

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from jobtrace.cli import main
+from jobtrace.store import segment_lines as _segment_lines
 from jobtrace.synth import SynthJob, write_job
 from queries import AnalysisConfig, analyze, load_local
 from queries._backends import TimeRange, load_job
-from jobtrace.store import segment_lines as _segment_lines
 from shippers._export import _sources
 from tests.servers.base import free_port
 

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otlp extra is part of the test dependencies")
 
-from jobtrace.demo import DemoConfig, run_job  # noqa: E402
-from otel_instrumentation import trace_id_for_job  # noqa: E402
+from jobtrace.demo import DemoConfig, run_job
+from otel_instrumentation import trace_id_for_job
 
 pytestmark = pytest.mark.torchjob
 

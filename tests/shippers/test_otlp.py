@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import http.server
-import threading
-import textwrap
 import subprocess
+import textwrap
+import threading
 
 import pytest
 
