@@ -26,6 +26,9 @@ SinkFactory = Callable[[str, int], Sink]
 class MemorySink:
     """Keeps written lines in memory; for tests and for callers that post-process events."""
 
+    takes_chunks = False
+    """One line per item, as a caller reading ``lines`` expects (see :class:`shippers.Sink`)."""
+
     def __init__(self) -> None:
         self.lines: list[bytes] = []
         self.closed = False
@@ -69,6 +72,9 @@ class _SharedSink:
     Closed when the last (node, rank) user closes it, so the ingest waits for the spool
     to drain exactly once.
     """
+
+    takes_chunks = False
+    """As the network shipper it shares."""
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink

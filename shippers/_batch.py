@@ -38,13 +38,13 @@ _log = logging.getLogger("jobtrace.export")
 class Sink(Protocol):
     """Where encoded event lines go. Runs on the export thread only.
 
-    Each item of ``write`` is one event line, ending in ``\n``, unless the sink's class sets
-    ``takes_chunks = True`` (the embedded store, which writes items as they are): then an item
-    may hold several whole lines, and the compiled recorder's and the ingest lane's buffers go out
-    as one bytes object instead of a bytes object per event. Every sink of this package says
-    ``takes_chunks`` (True or False); it becomes a member of this protocol once ingest's sinks
-    say it too (until then :class:`BatchWorker` reads it with a default of False).
+    Each item of ``write`` is one event line, ending in ``\n``, unless the sink says ``takes_chunks``.
     """
+
+    takes_chunks: bool
+    """Whether an item of ``write`` may hold several whole lines (the embedded store, which writes items
+    as they are): the compiled recorder's and the ingest lane's buffers then go out as one bytes object
+    instead of a bytes object per event. False: :class:`BatchWorker` splits such a buffer into lines."""
 
     def write(self, lines: Sequence[bytes]) -> None: ...
 
@@ -203,7 +203,7 @@ class BatchWorker(Generic[T]):
         """``n`` whole lines in one bytes object: as they are to sinks that take chunks, split for the rest."""
         split: list[bytes] | None = None
         for sink in self._sinks:
-            if getattr(sink, "takes_chunks", False):
+            if sink.takes_chunks:
                 lines = [data]
             else:
                 split = split if split is not None else data.splitlines(keepends=True)
