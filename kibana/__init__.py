@@ -64,16 +64,16 @@ from ._setup import (
 )
 
 __all__ = [
+    "Caller",
+    "Cluster",
     "DATASET",
     "ECS_VERSION",
     "FLAVOURS",
+    "Retention",
     "SAVED_OBJECT_FILES",
     "STREAM_TYPES",
-    "TEMPLATE_VERSION",
-    "Caller",
-    "Cluster",
-    "Retention",
     "SetupReport",
+    "TEMPLATE_VERSION",
     "check",
     "client_caller",
     "constant_fields",

@@ -24,9 +24,9 @@ from ._logql import LABEL_KEYS, METADATA_KEYS, is_label_name, label_string, logq
 
 __all__ = [
     "ASSETS",
+    "Alert",
     "LABEL_KEYS",
     "METADATA_KEYS",
-    "Alert",
     "Query",
     "QueryLibrary",
     "Regex",

@@ -17,10 +17,8 @@ from ._timeline import timeline_data, write_perfetto, write_timeline_html
 from ._trace import TraceOptions, mark_golden, trace_job
 
 __all__ = [
-    "BACKENDS",
-    "TimeRange",
-    "load_job",
     "AnalysisConfig",
+    "BACKENDS",
     "EventRef",
     "Finding",
     "GoldenProfile",
@@ -30,6 +28,7 @@ __all__ = [
     "RankSummary",
     "ReadStats",
     "Report",
+    "TimeRange",
     "TraceOptions",
     "add_flight_recorder",
     "analyze",
@@ -45,6 +44,7 @@ __all__ = [
     "load_events",
     "load_flight_recorder",
     "load_golden",
+    "load_job",
     "load_local",
     "logql_query",
     "mark_golden",

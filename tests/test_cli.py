@@ -58,7 +58,7 @@ class TestExitCodes:
         assert run(main, "trace", "ok", "--no-such-option").exit_code == 2
         assert run(main, "no-such-command").exit_code == 2
 
-    def test_a_config_error_exits_2_with_its_message(self, store):
+    def test_a_bad_time_option_exits_2_with_its_message(self, store):
         res = run(trace_job, "ok", "--backend", "loki", "--url", "http://127.0.0.1:9", "--since", "whenever")
         assert res.exit_code == 2 and "cannot read time 'whenever'" in res.stderr
 
@@ -129,7 +129,7 @@ class TestExitCodes:
         assert res.exit_code == 4 and "ZeroDivisionError: division by zero" in res.stderr
 
     @pytest.mark.parametrize("exc,code", [
-        (ConfigError("x"), 2), (Refused("x"), 1), (JobNotFound("x"), 3), (QueryError("x"), 3), (StoreError("x"), 3),
+        (ConfigError("x"), 3), (Refused("x"), 1), (JobNotFound("x"), 3), (QueryError("x"), 3), (StoreError("x"), 3),
         (BackendUnavailable("x"), 3), (JobtraceError("x"), 3), (ValueError("x"), 4), (RuntimeError("x"), 4),
         (KeyboardInterrupt(), 130), (click.UsageError("x"), 2), (click.BadParameter("x"), 2),
         (click.FileError("f"), 3), (click.exceptions.Exit(1), 1),
@@ -258,7 +258,7 @@ class TestVictoriaLogsShipping:
         monkeypatch.delenv("JOBTRACE_VL_URL", raising=False)
         write_job(tmp_path, SynthJob(job_id="j", ranks=2, steps=5))
         res = run(main, "export", "j", "--backend", "victorialogs", "--data-dir", tmp_path)
-        assert res.exit_code == 2 and "JOBTRACE_VL_URL" in res.stderr
+        assert res.exit_code == 3 and "JOBTRACE_VL_URL" in res.stderr
 
     @pytest.mark.servers
     def test_export_then_trace_job_on_victorialogs_gives_the_local_verdict(self, tmp_path, victorialogs):

@@ -7,8 +7,9 @@ it ends a command with, the same for every command:
 
     0    healthy, or done: no problem found, everything sent
     1    problem found (a slow, stalled or silent rank, NaN loss, something unsent, a refusal)
-    2    usage error: a bad option or argument, or a ConfigError (bad variable, missing URL or file)
-    3    error: any other JobtraceError (job not found, store unreadable, backend unreachable)
+    2    usage error: a bad option or argument
+    3    error: any JobtraceError (a bad variable or missing URL, job not found, store unreadable,
+         backend unreachable)
     4    internal error: any other exception (a bug); one line, the traceback with --debug
     130  interrupted (Ctrl-C)
 """

@@ -3,10 +3,10 @@
     0    healthy, or done: no problem found, everything sent
     1    problem found: a slow, stalled or silent rank, NaN loss; something left unsent; a refusal
          (:class:`~jobtrace.errors.Refused`, e.g. an unhealthy job offered as a golden run)
-    2    usage error: a bad option or argument, or a :class:`~jobtrace.errors.ConfigError`
-         (a bad variable, a missing URL, a file that is not there)
-    3    error: any other :class:`~jobtrace.errors.JobtraceError` (job not found, store unreadable,
-         backend unreachable or refusing)
+    2    usage error: a bad option or argument (click's usage errors, and option values the commands
+         check, such as ``--since``)
+    3    error: any :class:`~jobtrace.errors.JobtraceError` (a bad variable or missing URL, job not
+         found, store unreadable, backend unreachable or refusing)
     4    internal error: any other exception, that is a bug; one line naming it, and with ``--debug``
          the traceback
     130  interrupted (Ctrl-C)
@@ -25,7 +25,7 @@ from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
-from jobtrace.errors import ConfigError, JobtraceError, Refused
+from jobtrace.errors import JobtraceError, Refused
 
 __all__ = [
     "EXIT_ERROR",
@@ -48,7 +48,6 @@ EXIT_INTERNAL: Final = 4
 EXIT_INTERRUPTED: Final = 130
 
 _BY_CLASS: Final[tuple[tuple[type[JobtraceError], int], ...]] = (
-    (ConfigError, EXIT_USAGE),
     (Refused, EXIT_PROBLEM),
     (JobtraceError, EXIT_ERROR),
 )

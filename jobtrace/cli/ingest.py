@@ -120,8 +120,8 @@ def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str |
     Megatron-LM, DeepSpeed, Hugging Face Trainer, torchrun/NCCL failures and plain
     "step N loss x time T ms" lines are recognised from the lines themselves.
 
-    Exit status: 0 done, 2 usage error (also: a path that is not there, a server without a URL),
-    3 error (nothing read, store or server unusable), 4 internal error (rerun with --debug).
+    Exit status: 0 done, 2 usage error, 3 error (a path that is not there, a server without a URL,
+    nothing read, store or server unusable), 4 internal error (rerun with --debug).
     """
     import orjson
     from rich.console import Console

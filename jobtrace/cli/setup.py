@@ -35,9 +35,8 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
           as_json: bool) -> None:
     """Install jobtrace's index templates, retention policies and Kibana saved objects (idempotent).
 
-    Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 2 usage error (also
-    wrong credentials or an unsupported server), 3 error (server unreachable), 4 internal error (rerun
-    with --debug).
+    Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 2 usage error, 3 error
+    (wrong credentials, an unsupported or unreachable server), 4 internal error (rerun with --debug).
     """
     from dataclasses import asdict
 

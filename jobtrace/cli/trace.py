@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from jobtrace import config
-from jobtrace.errors import JobNotFound
+from jobtrace.errors import ConfigError, JobNotFound
 
 from .exitcodes import Command, finish
 from .options import version_option
@@ -92,7 +92,10 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
     from queries import AnalysisConfig, TimeRange, load_flight_recorder, load_job
     from queries import trace_job as run_trace
 
-    rng = TimeRange.parse(since, until) if backend != "local" else None
+    try:
+        rng = TimeRange.parse(since, until) if backend != "local" else None
+    except ConfigError as exc:  # a bad --since/--until is the option's fault: a usage error
+        raise click.BadParameter(str(exc), param_hint="'--since' / '--until'") from None
     opts = _trace_options(views)
     try:
         job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)

@@ -46,11 +46,11 @@ from ._tables import DERIVED, METRICS, ROLLUP_KEY, build_tables
 __all__ = [
     "DEFAULT_DATA_DIR",
     "DERIVED",
+    "JobFiles",
     "METRICS",
     "RANK_IN_NAME",
     "ROLLUP_KEY",
     "SEGMENT_RE",
-    "JobFiles",
     "build_tables",
     "cache_dir",
     "compact",

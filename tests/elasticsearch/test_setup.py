@@ -227,7 +227,7 @@ class TestErrors:
         monkeypatch.setenv("JOBTRACE_ES_USERNAME", "trainer")
         monkeypatch.setenv("JOBTRACE_ES_PASSWORD", "s3cr3t-pa55")
         result = CliRunner().invoke(main, ["setup", "--url", proxy.url])
-        assert 2 == result.exit_code  # a ConfigError (fix JOBTRACE_ES_*): a usage error, not a finding
+        assert 3 == result.exit_code
         assert "authentication failed" in result.output and "s3cr3t-pa55" not in result.output
 
     def test_an_unreachable_server_is_an_error_naming_it(self, monkeypatch):

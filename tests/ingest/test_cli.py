@@ -91,14 +91,14 @@ class TestIngestCommand:
         (tmp_path / "a.log").write_text("hello\n")
         res = CliRunner().invoke(main, ["ingest", str(tmp_path / "a.log"), "--job", "j", "--to", "loki",
                                         "--data-dir", str(tmp_path)])
-        assert res.exit_code == 2 and "JOBTRACE_LOKI_URL" in res.output  # a ConfigError: a usage error
+        assert res.exit_code == 3 and "JOBTRACE_LOKI_URL" in res.output
         with pytest.raises(ConfigError):
             open_sink("loki", "j", data_dir=tmp_path)
 
     def test_usage_errors(self, tmp_path):
         assert CliRunner().invoke(main, ["ingest", "--job", "j"]).exit_code == 2
         res = CliRunner().invoke(main, ["ingest", str(tmp_path / "missing.log"), "--job", "j"])
-        assert res.exit_code == 2 and "no such file" in res.output  # a ConfigError, as click.Path(exists=True) is
+        assert res.exit_code == 3 and "no such file" in res.output
         res = CliRunner().invoke(main, ["ingest", str(tmp_path), "--job", "j", "--rank-from-filename", "("])
         assert res.exit_code == 2
 
