@@ -240,7 +240,8 @@ class Ingestor:
         if config.native and not built:
             from jobtrace.errors import ConfigError
 
-            raise ConfigError("the compiled ingest lane is not installed: pip install ./native")
+            raise ConfigError("the compiled ingest lane is not installed: install the package again with a Rust "
+                              "toolchain (cargo) on PATH")
         self._use_lane = config.native is not False and built
         self._n_log = 0
         self._events: dict[str, int] = {}

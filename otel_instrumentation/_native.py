@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 jobtrace_native = importlib.import_module("jobtrace_native")
 
 if not hasattr(jobtrace_native, "Recorder"):  # a build from before the compiled recorder
-    raise ImportError("jobtrace_native has no Recorder: reinstall ./native")
+    raise ImportError("jobtrace_native has no Recorder: install the package again with Rust (cargo) on PATH")
 
 __all__ = ["NativeRecorder"]
 

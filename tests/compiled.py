@@ -14,4 +14,4 @@ def need_native() -> ModuleType:
         from otel_instrumentation import _native
 
         return _native
-    return pytest.importorskip("otel_instrumentation._native", reason="jobtrace_native is built by `pip install ./native`")
+    return pytest.importorskip("otel_instrumentation._native", reason="jobtrace_native is built by `pip install -e .` where a Rust toolchain is found")

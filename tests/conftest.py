@@ -48,7 +48,7 @@ def tracing(request, tmp_path, monkeypatch):
     kind = type(t.recorder).__name__
     if kind != {"native": "NativeRecorder", "python": "Recorder"}[request.param]:
         t.shutdown()
-        pytest.fail(f"asked for the {request.param} recorder, got {kind} (CI builds ./native: it must be there)")
+        pytest.fail(f"asked for the {request.param} recorder, got {kind} (CI builds the compiled parts: it must be there)")
     yield t
     t.shutdown()
 

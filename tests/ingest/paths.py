@@ -15,7 +15,7 @@ from ingest._lane import lane_module
 from ingest.parsers import _util
 
 Outputs = dict[tuple[str, int], list[bytes]]
-NOT_BUILT = "the compiled ingest lane is not built (pip install ./native; .ci/run builds it)"
+NOT_BUILT = "the compiled ingest lane is not built (pip install -e . builds it where cargo is found; .ci/run does)"
 
 
 def ingest_once(paths: list[str], fast: bool, span_start: int, native: bool = False,

@@ -18,7 +18,8 @@ pub(super) enum Pending {
     TqdmMetric { n: i64, total: i64 },
     /// A metric event without a time of its own in the layout of `HuggingFaceParser._metrics`:
     /// `{"kind":"metric","metrics":{…}}`, then `"attrs":{"step_estimated":true}` when `estimated`, then `"step"`.
-    /// The metrics are finite floats in decimal notation (`json_float` writes them) (checked where they are made or adopted).
+    /// The metrics are finite floats in decimal notation (`json_float` writes them), checked where they are made
+    /// or adopted.
     DictMetric { metrics: Vec<(String, f64)>, step: Option<i64>, estimated: bool },
     Nccl { level: &'static str, msg: String, host: String, pid: i64, tid: i64, dev: i64, src: Option<String> },
 }

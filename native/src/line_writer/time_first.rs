@@ -101,6 +101,17 @@ fn span_head(out: &mut Vec<u8>, ident: &[u8], at: &SpanPlace, named: &[&[u8]]) {
     push_step(out, at.step);
 }
 
+/// `,"name":…,"cat":…` of a span line, from the name's and the category's JSON: written once per name and
+/// category and shared by their spans (`span_line`'s `named`, as `_encode_span` caches it).
+pub(crate) fn span_names(name: &[u8], cat: &[u8]) -> Chunk {
+    let mut v = Vec::with_capacity(name.len() + cat.len() + 16);
+    v.extend_from_slice(b",\"name\":");
+    v.extend_from_slice(name);
+    v.extend_from_slice(b",\"cat\":");
+    v.extend_from_slice(cat);
+    v.into()
+}
+
 /// `_encode_span`'s line: `named` is `,"name":…,"cat":…` (JSON, cached), `attrs` the attributes' JSON.
 pub(crate) fn span_line(out: &mut Vec<u8>, ident: &[u8], at: &SpanPlace, named: &[u8], attrs: Option<&[u8]>) {
     span_head(out, ident, at, &[named]);

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
 
 use super::{Recorder, CACHE_MAX};
-use crate::line_writer::{decimal_float, json_str, Chunk, Num};
+use crate::line_writer::{decimal_float, json_str, span_names, Chunk, Num};
 
 /// An exact `int` that fits, as Python's fast path takes it (`type(x) is int`).
 pub(super) fn exact_i64(v: &Bound<'_, PyAny>) -> Option<i64> {
@@ -88,13 +88,7 @@ pub(super) fn number(v: &Bound<'_, PyAny>) -> Option<Num> {
 
 /// `,"name":…,"cat":…` of a span; None when either is not valid text.
 pub(super) fn named_of(name: &Bound<'_, PyAny>, cat: &Bound<'_, PyAny>) -> Option<Chunk> {
-    let (n, c) = (json_of(name)?, json_of(cat)?);
-    let mut v = Vec::with_capacity(n.len() + c.len() + 16);
-    v.extend_from_slice(b",\"name\":");
-    v.extend_from_slice(&n);
-    v.extend_from_slice(b",\"cat\":");
-    v.extend_from_slice(&c);
-    Some(v.into())
+    Some(span_names(&json_of(name)?, &json_of(cat)?))
 }
 
 /// A metric key's JSON, cached by key object.
