@@ -217,6 +217,11 @@ KIBANA: Final = _server("KIBANA", "Kibana", "Not used by Kibana.",
 
 _SERVERS: Final = {s.prefix: s for s in (LOKI, VL, ES, KIBANA)}
 
+# ---- installing -------------------------------------------------------------------------------------
+REQUIRE_NATIVE: Final = _var("JOBTRACE_REQUIRE_NATIVE", "bool", "0",
+                             "At install time (`pip install .`): fail when the compiled parts cannot be built, instead "
+                             "of installing without them (read by `setup.py`; CI sets it).", "Installing")
+
 # ---- read from the OpenTelemetry standard, not ours --------------------------------------------------
 _G = "OpenTelemetry (standard variables)"
 OTLP_ENDPOINT: Final = _var("OTEL_EXPORTER_OTLP_ENDPOINT", "url", None,
