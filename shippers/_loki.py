@@ -553,35 +553,15 @@ class LokiShipper(SpoolingSender):
     encoder: LokiEncoder
 
     @classmethod
-    def from_env(
-        cls,
-        info: ProcessInfo,
-        *,
-        url: str | None = None,
-        options: LokiOptions | None = None,
-        transport: Transport | None = None,
-        policy: RetryPolicy | None = None,
-        **sender_options: Any,
-    ) -> LokiShipper:
+    def from_env(cls, info: ProcessInfo, *, url: str | None = None, **options: Any) -> LokiShipper:
         """Connection and secrets from ``JOBTRACE_LOKI_*`` (:meth:`HttpConfig.from_env`), encoding
-        from :meth:`LokiOptions.from_env`; spools under ``info.spool_dir("loki")``."""
+        from :meth:`LokiOptions.from_env`; spools under ``info.spool_dir("loki")``. ``options``:
+        ``options`` (a :class:`LokiOptions`), ``transport``, ``policy`` and the sender's own."""
         http = HttpConfig.from_env(config.LOKI.prefix, url)
-        encoder = LokiEncoder(push_url(http.url), options or LokiOptions.from_env(), tenant=http.tenant,
-                              defaults={"job": info.job_id, "node": info.node})
-        return cls(encoder, transport or RequestsTransport(http), info.spool_dir("loki"),
-                   policy=policy, timeout_s=sender_options.pop("timeout_s", http.timeout_s), **sender_options)
+        return cls._connect(info, http, push_url(http.url), "loki", http.tenant, **options)
 
     @classmethod
-    def for_victorialogs(
-        cls,
-        info: ProcessInfo,
-        *,
-        url: str | None = None,
-        options: LokiOptions | None = None,
-        transport: Transport | None = None,
-        policy: RetryPolicy | None = None,
-        **sender_options: Any,
-    ) -> LokiShipper:
+    def for_victorialogs(cls, info: ProcessInfo, *, url: str | None = None, **options: Any) -> LokiShipper:
         """The same shipper pushing to VictoriaLogs' Loki ingest (``<url>/insert/loki``): connection and
         secrets from ``JOBTRACE_VL_*``, the URL ``trace-job --backend victorialogs`` reads, and its
         tenant (``<AccountID>[:<ProjectID>]``) sent as VictoriaLogs' headers, not Loki's
@@ -595,7 +575,13 @@ class LokiShipper(SpoolingSender):
             if project:
                 headers["ProjectID"] = project
         http = replace(http, tenant=None, extra_headers=headers)
-        encoder = LokiEncoder(push_url(victorialogs_push_base(http.url)), options or LokiOptions.from_env(),
+        return cls._connect(info, http, push_url(victorialogs_push_base(http.url)), "victorialogs", None, **options)
+
+    @classmethod
+    def _connect(cls, info: ProcessInfo, http: HttpConfig, push: str, backend: str, tenant: str | None, *,
+                 options: LokiOptions | None = None, transport: Transport | None = None,
+                 policy: RetryPolicy | None = None, **sender_options: Any) -> LokiShipper:
+        encoder = LokiEncoder(push, options or LokiOptions.from_env(), tenant=tenant,
                               defaults={"job": info.job_id, "node": info.node})
-        return cls(encoder, transport or RequestsTransport(http), info.spool_dir("victorialogs"),
+        return cls(encoder, transport or RequestsTransport(http), info.spool_dir(backend),
                    policy=policy, timeout_s=sender_options.pop("timeout_s", http.timeout_s), **sender_options)
