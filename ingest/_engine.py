@@ -34,7 +34,8 @@ from jobtrace.events import SCHEMA_VERSION
 from jobtrace.identity import trace_id_for_job
 from shippers import Sink
 
-from ._align import MAX_MOMENTS, ClockOffset, SyncMoments, offsets_from_medians
+from . import _align
+from ._align import ClockOffset, SyncMoments, offsets_from_medians
 from ._lane import lane_module, new_lane
 from .parsers._util import set_span_id_counter, span_id_counter
 from ._match import Matcher, make_matcher, matcher_engine
@@ -526,7 +527,7 @@ class Ingestor:
     def _new_moments(self) -> Any:
         """Where the moments go: the lane's compiled store (it adds its moments there itself) or ``SyncMoments``."""
         native = lane_module()
-        return native.MomentStore(MAX_MOMENTS) if self._use_lane and native is not None else SyncMoments()
+        return native.MomentStore(_align.MAX_MOMENTS) if self._use_lane and native is not None else SyncMoments()
 
     def _align_pass(self, sources: list[Source]) -> None:
         points = self._new_moments()
