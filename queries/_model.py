@@ -44,6 +44,9 @@ class AnalysisConfig:
     """A rank is slow when its median compute per step is at least this many times the median rank's."""
     min_excess_ms: float = 2.0
     """…and at least this many milliseconds longer (tiny steps make ratios meaningless)."""
+    imposed_wait_share: float = 0.5
+    """…and the others spend at least this share of its extra compute waiting for it in collectives
+    (checked only where collectives are timed; a slower rank nobody waits for does not slow the job)."""
     straggler_score: float = 0.75
     """NVRx's threshold: a score (reference median ÷ this rank's median) below it is flagged."""
     window_steps: int = 0

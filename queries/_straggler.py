@@ -270,6 +270,11 @@ def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[
             ratio = statistics.median(r["_w"]["ratio_flagged"] for r in members)
             own = ratio * ref
             steps = [s for s in steps if s >= since]
+        imposed = _imposed_wait(con, member_ids, steps)
+        if imposed is not None and imposed < cfg.imposed_wait_share:
+            # Slower, but the others do not wait for it: its own collective wait shrinks by what it
+            # loses in compute (a busy core, a rank with more host work), so the job is not slowed.
+            continue
         step_txt = f"steps {steps[0]}–{steps[-1]}" if steps else "most steps"
         if onset:
             step_txt = f"steps {since}–{steps[-1] if steps else 'end'} (slow since step {since}, not before)"
@@ -304,11 +309,36 @@ def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[
             {"ratio": round(ratio, 3), "median_rank_compute_ms": ms(ref), "slow_steps": len(steps),
              "others_wait_op": op, "others_wait_ms": ms(other_coll), "score": score, "chronic": True,
              "since_step": since, "windows_slow": nf, "windows": nw, "last_arrivals": lasts,
-             "collectives": total},
+             "collectives": total, "imposed_wait_share": None if imposed is None else round(imposed, 2)},
         )
         worst = steps[-5:] if steps else []
         findings.append(f.cite(_step_refs(con, member_ids, since, None, limit=10, only=worst)))
     return findings
+
+
+def _imposed_wait(con: DuckDBPyConnection, ranks: list[int], steps: list[int]) -> float | None:
+    """Share of the ranks' extra compute that the other ranks spend waiting in collectives, over ``steps``.
+
+    A straggler's extra compute reappears as the others' extra collective wait (1.0: all of it);
+    a rank that is merely slower, and waits less itself, imposes nothing (about 0). ``None`` when
+    the steps carry no collective timings (logs only), where compute alone has to decide.
+    """
+    if not steps:
+        return None
+    out = rows(
+        con,
+        f"""WITH s AS (SELECT step, rank IN ({ids(ranks)}) AS member, compute_ns, coll_ns FROM steps
+                       WHERE step IN ({ids(steps)})),
+            per AS (SELECT step,
+                           median(compute_ns) FILTER (WHERE member) - median(compute_ns) AS excess,
+                           median(coll_ns) FILTER (WHERE NOT member) - median(coll_ns) FILTER (WHERE member) AS imposed,
+                           count(coll_ns) AS n_coll
+                    FROM s GROUP BY step)
+            SELECT sum(excess) AS excess, sum(imposed) AS imposed, sum(n_coll) AS n_coll FROM per""",
+    )[0]
+    if not out["n_coll"] or out["imposed"] is None or not out["excess"] or out["excess"] <= 0:
+        return None
+    return float(out["imposed"]) / float(out["excess"])
 
 
 def _onset(slow_steps: list[int], window_start: int, cfg: AnalysisConfig) -> int:
