@@ -119,21 +119,25 @@ class TestOutage:
         assert job.settle(20)
         proxy.refuse()
         tracemalloc.start()
-        peaks = []
+        seen = []
         try:
             for chunk in range(20):
                 job.train(1000, start=100 + chunk * 1000)
                 job.tracing.force_flush()
                 if chunk in (4, 19):
-                    peaks.append((tracemalloc.get_traced_memory()[1], job.shipper.spool.pending_bytes()))
+                    now, peak = tracemalloc.get_traced_memory()
+                    seen.append((now, peak, job.shipper.spool.pending_bytes()))
         finally:
             tracemalloc.stop()
-        (early_peak, early_backlog), (late_peak, backlog) = peaks
+        (early_now, _, early_backlog), (late_now, late_peak, backlog) = seen
         assert backlog > 20_000_000 and backlog > 3 * early_backlog  # ~120k lines waiting on disk
-        # Four times the outage, no more memory: the backlog is on disk, only one batch is ever in RAM.
-        assert late_peak < early_peak * 1.25 + 2_000_000, (
-            f"peak memory {early_peak / 1e6:.1f} MB after {early_backlog / 1e6:.0f} MB spooled, "
-            f"{late_peak / 1e6:.1f} MB after {backlog / 1e6:.0f} MB")
+        # Four times the outage, no more memory held: the backlog is on disk, only one batch is ever in RAM.
+        # (Held memory, not the peak: the peak also counts the training thread's queue at its longest,
+        # which a busy machine lengthens without anything being kept.)
+        grown = late_now - early_now
+        assert grown < 0.05 * (backlog - early_backlog) + 1_000_000, (
+            f"{grown / 1e6:.1f} MB more held after the backlog grew {(backlog - early_backlog) / 1e6:.0f} MB")
+        assert late_peak < backlog, f"peak {late_peak / 1e6:.1f} MB with {backlog / 1e6:.0f} MB spooled"
         proxy.pass_through()
         assert job.settle(120)
         local = job.finish()
