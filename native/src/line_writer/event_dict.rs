@@ -5,7 +5,7 @@
 //!
 //! `open` is `{` and the identity fields and `,` (`dict_open`); `ts` already has the stream's clock offset.
 
-use super::json::{json_str, push_int};
+use super::json::{int_field, json_str, push_int, str_field};
 use super::metrics::{metric_map, MetricKey, Num};
 
 /// `{` + the identity fields + `,`: what `_write` puts before an event dict's own keys.
@@ -19,8 +19,7 @@ pub(crate) fn dict_open(ident: &[u8]) -> Vec<u8> {
 
 /// `,"ts":…` (then `,"est":true` for an estimated time) and the line's end.
 fn close(buf: &mut Vec<u8>, ts: i64, est: bool) {
-    buf.extend_from_slice(b",\"ts\":");
-    push_int(buf, ts);
+    int_field(buf, key!("ts"), ts);
     buf.extend_from_slice(if est { b",\"est\":true}\n" } else { b"}\n" });
 }
 
@@ -33,8 +32,7 @@ pub(crate) fn log_event(buf: &mut Vec<u8>, open: &[u8], level: &str, msg: &[u8],
     buf.extend_from_slice(b"\",\"msg\":");
     json_str(buf, msg);
     if let Some(l) = logger {
-        buf.extend_from_slice(b",\"logger\":");
-        json_str(buf, l);
+        str_field(buf, key!("logger"), l);
     }
     close(buf, ts, est);
 }
@@ -59,15 +57,11 @@ pub(crate) fn nccl_event(buf: &mut Vec<u8>, open: &[u8], level: &str, msg: &str,
     json_str(buf, msg.as_bytes());
     buf.extend_from_slice(b",\"attrs\":{\"nccl_host\":");
     json_str(buf, a.host.as_bytes());
-    buf.extend_from_slice(b",\"nccl_pid\":");
-    push_int(buf, a.pid);
-    buf.extend_from_slice(b",\"tid\":");
-    push_int(buf, a.tid);
-    buf.extend_from_slice(b",\"cuda_dev\":");
-    push_int(buf, a.dev);
+    int_field(buf, key!("nccl_pid"), a.pid);
+    int_field(buf, key!("tid"), a.tid);
+    int_field(buf, key!("cuda_dev"), a.dev);
     if let Some(src) = a.src {
-        buf.extend_from_slice(b",\"src\":");
-        json_str(buf, src.as_bytes());
+        str_field(buf, key!("src"), src.as_bytes());
     }
     buf.push(b'}');
     close(buf, ts, true);
@@ -111,8 +105,7 @@ pub(crate) fn metric_event<K: MetricKey, V: Copy + Into<Num>>(
         buf.extend_from_slice(b",\"attrs\":{\"step_estimated\":true}");
     }
     if let Some(step) = step {
-        buf.extend_from_slice(b",\"step\":");
-        push_int(buf, step);
+        int_field(buf, key!("step"), step);
     }
     close(buf, ts, est);
 }
@@ -134,21 +127,17 @@ pub(crate) fn step_span(buf: &mut Vec<u8>, open: &[u8], s: &StepSpan<'_>, times_
     buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":\"step\",\"name\":\"step\",\"step\":");
     push_int(buf, s.step);
     if !times_last {
-        buf.extend_from_slice(b",\"ts\":");
-        push_int(buf, s.end);
-        buf.extend_from_slice(b",\"start\":");
-        push_int(buf, s.end - s.dur);
+        int_field(buf, key!("ts"), s.end);
+        int_field(buf, key!("start"), s.end - s.dur);
     }
-    buf.extend_from_slice(b",\"dur\":");
-    push_int(buf, s.dur);
+    int_field(buf, key!("dur"), s.dur);
     buf.extend_from_slice(b",\"span_id\":\"");
     buf.extend_from_slice(s.id.as_bytes());
     buf.extend_from_slice(b"\",\"attrs\":{\"source\":\"");
     buf.extend_from_slice(s.source.as_bytes());
     buf.extend_from_slice(b"\"}");
     if times_last {
-        buf.extend_from_slice(b",\"start\":");
-        push_int(buf, s.end - s.dur);
+        int_field(buf, key!("start"), s.end - s.dur);
         close(buf, s.end, est);
     } else {
         buf.extend_from_slice(if est { b",\"est\":true}\n" } else { b"}\n" });
@@ -177,26 +166,20 @@ pub(crate) fn layout_span(buf: &mut Vec<u8>, open: &[u8], s: &LayoutSpan<'_>, ti
     buf.extend_from_slice(open);
     buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":");
     json_str(buf, s.cat.as_bytes());
-    buf.extend_from_slice(b",\"name\":");
-    json_str(buf, s.name.as_bytes());
-    buf.extend_from_slice(b",\"step\":");
-    push_int(buf, s.step);
+    str_field(buf, key!("name"), s.name.as_bytes());
+    int_field(buf, key!("step"), s.step);
     if !times_last {
-        buf.extend_from_slice(b",\"start\":");
-        push_int(buf, s.start);
+        int_field(buf, key!("start"), s.start);
     }
-    buf.extend_from_slice(b",\"dur\":");
-    push_int(buf, s.dur);
+    int_field(buf, key!("dur"), s.dur);
     if !times_last {
-        buf.extend_from_slice(b",\"ts\":");
-        push_int(buf, s.start + s.dur);
+        int_field(buf, key!("ts"), s.start + s.dur);
     }
     buf.extend_from_slice(b",\"span_id\":\"");
     buf.extend_from_slice(s.id.as_bytes());
     buf.push(b'"');
     if let Some(p) = s.parent {
-        buf.extend_from_slice(b",\"parent_id\":");
-        json_str(buf, p.as_bytes());
+        str_field(buf, key!("parent_id"), p.as_bytes());
     }
     if let Some((op, source)) = s.collective {
         buf.extend_from_slice(b",\"attrs\":{\"op\":");
@@ -208,8 +191,7 @@ pub(crate) fn layout_span(buf: &mut Vec<u8>, open: &[u8], s: &LayoutSpan<'_>, ti
         buf.extend_from_slice(b"\"}");
     }
     if times_last {
-        buf.extend_from_slice(b",\"start\":");
-        push_int(buf, s.start);
+        int_field(buf, key!("start"), s.start);
         close(buf, s.start + s.dur, false);
     } else {
         buf.extend_from_slice(b"}\n");

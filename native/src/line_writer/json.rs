@@ -55,6 +55,24 @@ fn push_decimal(out: &mut Vec<u8>, x: f64) -> bool {
     true
 }
 
+/// A field (`key` from `key!`) whose value is an integer.
+pub(crate) fn int_field(out: &mut Vec<u8>, key: &[u8], v: i64) {
+    out.extend_from_slice(key);
+    push_int(out, v);
+}
+
+/// A field whose value is text, escaped here.
+pub(crate) fn str_field(out: &mut Vec<u8>, key: &[u8], s: &[u8]) {
+    out.extend_from_slice(key);
+    json_str(out, s);
+}
+
+/// A field whose value is JSON written before (a cached name, an attributes object).
+pub(crate) fn raw_field(out: &mut Vec<u8>, key: &[u8], json: &[u8]) {
+    out.extend_from_slice(key);
+    out.extend_from_slice(json);
+}
+
 pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
     let mut b = itoa::Buffer::new();
     out.extend_from_slice(b.format(v).as_bytes());

@@ -16,6 +16,14 @@
 //! The identity fields (`"job":…,"v":1`) are written once per output by Python and passed in as bytes: `ident`
 //! (the fields alone) for the time-first lines, `open` (`{` + fields + `,`, see `dict_open`) for the others.
 
+/// `,"<name>":`, the key of a field that follows another, spelled once at compile time: the lines'
+/// fields are written as `int_field(out, key!("step"), step)`, so a key cannot lose its quotes or comma.
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":").as_bytes()
+    };
+}
+
 mod event_dict;
 mod json;
 mod metrics;

@@ -1,7 +1,7 @@
 //! Time-first event lines, `{"ts":…,"kind":…,<identity>,…}\n`: the byte templates of the ingest engine's
 //! `_plain_line` and of the recorder's `_encode_log`, `_encode_span` and `_encode_metric`.
 
-use super::json::{json_str, push_hex16, push_int};
+use super::json::{int_field, json_str, push_hex16, push_int, raw_field, str_field};
 use super::metrics::{metric_map, Chunk, Num};
 
 /// `{"ts":…,"kind":"…",` and the identity fields: how every time-first line begins.
@@ -26,8 +26,7 @@ fn push_id(out: &mut Vec<u8>, key: &[u8], id: Option<u64>) {
 /// `,"step":…`, where there is one.
 fn push_step(out: &mut Vec<u8>, step: Option<i64>) {
     if let Some(s) = step {
-        out.extend_from_slice(b",\"step\":");
-        push_int(out, s);
+        int_field(out, key!("step"), s);
     }
 }
 
@@ -67,11 +66,9 @@ pub(crate) fn log_line(out: &mut Vec<u8>, ident: &[u8], l: &LogLine<'_>) {
     push_text(out, l.level);
     out.extend_from_slice(b",\"logger\":");
     push_text(out, l.logger);
-    out.extend_from_slice(b",\"msg\":");
-    json_str(out, l.msg);
+    str_field(out, key!("msg"), l.msg);
     if let Some(e) = l.exc {
-        out.extend_from_slice(b",\"exc\":");
-        json_str(out, e);
+        str_field(out, key!("exc"), e);
     }
     push_step(out, l.step);
     out.extend_from_slice(b"}\n");
@@ -94,10 +91,8 @@ fn span_head(out: &mut Vec<u8>, ident: &[u8], at: &SpanPlace, named: &[&[u8]]) {
     for part in named {
         out.extend_from_slice(part);
     }
-    out.extend_from_slice(b",\"start\":");
-    push_int(out, at.start);
-    out.extend_from_slice(b",\"dur\":");
-    push_int(out, at.end - at.start);
+    int_field(out, key!("start"), at.start);
+    int_field(out, key!("dur"), at.end - at.start);
     push_step(out, at.step);
 }
 
@@ -116,8 +111,7 @@ pub(crate) fn span_names(name: &[u8], cat: &[u8]) -> Chunk {
 pub(crate) fn span_line(out: &mut Vec<u8>, ident: &[u8], at: &SpanPlace, named: &[u8], attrs: Option<&[u8]>) {
     span_head(out, ident, at, &[named]);
     if let Some(a) = attrs {
-        out.extend_from_slice(b",\"attrs\":");
-        out.extend_from_slice(a);
+        raw_field(out, key!("attrs"), a);
     }
     out.extend_from_slice(b"}\n");
 }
@@ -139,20 +133,15 @@ pub(crate) fn collective_line(out: &mut Vec<u8>, ident: &[u8], at: &SpanPlace, c
     span_head(out, ident, at, &[b",\"name\":", c.op, b",\"cat\":\"collective\""]);
     out.extend_from_slice(b",\"attrs\":{\"op\":");
     out.extend_from_slice(c.op);
-    out.extend_from_slice(b",\"group\":");
-    out.extend_from_slice(c.group);
-    out.extend_from_slice(b",\"group_size\":");
-    push_int(out, c.size);
-    out.extend_from_slice(b",\"seq\":");
-    push_int(out, c.seq);
-    out.extend_from_slice(b",\"bytes\":");
-    push_int(out, c.bytes);
+    raw_field(out, key!("group"), c.group);
+    int_field(out, key!("group_size"), c.size);
+    int_field(out, key!("seq"), c.seq);
+    int_field(out, key!("bytes"), c.bytes);
     if c.is_async {
         out.extend_from_slice(b",\"async\":true");
     }
     if let Some(e) = c.error {
-        out.extend_from_slice(b",\"error\":");
-        out.extend_from_slice(e);
+        raw_field(out, key!("error"), e);
     }
     out.extend_from_slice(b"}}\n");
 }
