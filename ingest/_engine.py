@@ -44,7 +44,18 @@ from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
 from ._streams import Src, Stream
 from ._timestamps import Head, HeadParser, TzSpec, parse_tz
-from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Line, Parser, ParserRegistry, Skip, StreamState
+from ._types import (
+    FEED_DONE,
+    FEED_MORE,
+    FEED_REJECT,
+    Line,
+    Parser,
+    ParserRegistry,
+    Skip,
+    StreamState,
+    TakesZone,
+    sync_parser,
+)
 from .parsers._util import set_span_id_counter, span_id_counter
 
 __all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
@@ -153,16 +164,17 @@ class Ingestor:
         self._tz: TzSpec = parse_tz(config.tz)
         self._plain = PlainLines(self._tz)
         for p in self._parsers:
-            if hasattr(p, "tz"):
+            if isinstance(p, TakesZone):
                 p.tz = self._tz
         # The trigger matchers are compiled when first used: the fast lane matches triggers itself.
         self._triggers = [tuple(p.triggers) for p in self._parsers]
-        self._sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]
+        self._sync_parsers = [sync_parser(p) for p in self._parsers]  # None: not a source of moments
+        self._sync_triggers = [tuple(p.triggers) if sp is not None else () for p, sp in zip(self._parsers,
+                                                                                           self._sync_parsers)]
         if config.use_hyperscan:
             self._matcher  # noqa: B018 - required: say now, not mid-ingest, that Hyperscan is missing
         self._lanes: dict[str, Any] = {}  # the first lane made for each prefix mode (see _new_lane)
-        self._sync_ids = frozenset(i for i, p in enumerate(self._parsers)
-                                   if getattr(p, "sync_points", False) and hasattr(p, "sync_step"))
+        self._sync_ids = frozenset(i for i, sp in enumerate(self._sync_parsers) if sp is not None)
         self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
         self._trace = trace_id_for_job(config.job)
         self._used_ranks: set[int] = set()
@@ -587,11 +599,11 @@ class Ingestor:
                 ts = head.ts
                 body = text[head.body_at:]
             for i in sorted(ids):
-                if i not in self._sync_ids:
+                parser = self._sync_parsers[i]
+                if parser is None:
                     continue
-                parser = self._parsers[i]
                 try:
-                    step = parser.sync_step(body)  # type: ignore[attr-defined]
+                    step = parser.sync_step(body)
                 except Exception:  # noqa: BLE001 - counted in the main pass
                     continue
                 if step is not None:
