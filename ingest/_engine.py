@@ -56,7 +56,7 @@ from ._types import (
     TakesZone,
     sync_parser,
 )
-from .parsers._util import set_span_id_counter, span_id_counter
+from .parsers._util import SpanIds, using_span_ids
 
 __all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
 
@@ -194,6 +194,7 @@ class Ingestor:
         self._n_log = 0
         self._bytes_total = 0
         self._stop = False
+        self._span_ids = SpanIds()  # this ingest's count of span ids, shared by its parsers and its lanes
 
     @functools.cached_property
     def _matcher(self) -> Matcher:
@@ -209,6 +210,10 @@ class Ingestor:
         self._stop = True
 
     def run(self, paths: Iterable[str]) -> IngestSummary:
+        with using_span_ids(self._span_ids):  # the parsers' span ids: this ingest's count
+            return self._run(paths)
+
+    def _run(self, paths: Iterable[str]) -> IngestSummary:
         t0 = time.perf_counter()
         files = expand_paths(list(paths))
         temp: list[str] = []
@@ -652,9 +657,9 @@ class Ingestor:
         end = len(data) if end is None else end
         pos = begin
         while True:
-            lane.next_span_id = span_id_counter()  # one count of span ids, whichever engine makes them
+            lane.next_span_id = self._span_ids.next  # one count of span ids, whichever engine makes them
             stop = lane.run(data, begin, pos, end)
-            set_span_id_counter(lane.next_span_id)
+            self._span_ids.next = lane.next_span_id
             self._lane_drain(src)
             if stop is None:
                 return

@@ -279,3 +279,19 @@ def test_a_text_log_that_starts_with_the_gzip_magic_is_read_as_text(ingest_files
     summary, cap = ingest_files({"odd.log": b"\x1f\x8bnot gzip at all\nsecond line\n"})
     assert summary.lines == 2 and summary.errors == []
     assert [e["msg"] for e in cap.events if e["kind"] == "log"][-1] == "second line"
+
+
+def test_span_ids_are_counted_per_ingest(tmp_path):
+    """Two ingests in one process share no span-id count: the same input gives the same ids."""
+    from ingest import IngestConfig, Ingestor, MemorySink
+
+    path = tmp_path / "steps.log"
+    path.write_text("".join(f"step {n} loss 2.5 time 30ms\n" for n in range(1, 4)))
+    runs = []
+    for native in (False, None, False):
+        sinks: dict = {}
+        Ingestor(IngestConfig(job="ids", native=native), lambda n, r: sinks.setdefault((n, r), MemorySink())
+                 ).run([str(path)])
+        runs.append({k: list(v.lines) for k, v in sinks.items()})
+    assert b'"span_id"' in b"".join(runs[0][next(iter(runs[0]))])
+    assert runs[0] == runs[1] == runs[2]
