@@ -35,7 +35,7 @@ from jobtrace.identity import trace_id_for_job
 
 from . import _align
 from ._align import ClockOffset, SyncMoments, offsets_from_medians
-from ._lane import lane_module, new_lane
+from ._lane import lane_module, lane_stream, new_lane
 from ._match import Matcher, make_matcher, matcher_engine
 from ._output import UNKNOWN_NODE, Output
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
@@ -690,14 +690,9 @@ class Ingestor:
         # The lane takes the stream (back) with Python's state of it. Until Python has made its output
         # (which fixes the world size written in its events), the lane takes only lines that wait for a time.
         out = stream.out
-        state = stream.state
         if out is not None and out.chunked:
             src.lane.chunked_output(out.index)
-        src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
-                            stream.block is not None or bool(stream.pending), src.mtime_ns or None,
-                            state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
-                            state.state("huggingface"), stream.head.last_layout,
-                            state.rank_guessed)
+        src.lane.add_stream(lane_stream(label, stream))
         if self._output.moments is not None:
             src.lane.set_domain(label, self._output.moments.domain_id(stream.domain), False)
         if stream.pending and stream.block is None and src.lane.adopt_pending(label, stream.pending):
