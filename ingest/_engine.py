@@ -451,7 +451,7 @@ class Ingestor:
                             self.summary.files.append(f)
                             self._open(src)
                             got = self._drain(src) or got
-                except Exception:  # noqa: BLE001 - a vanished path: keep following the others
+                except Exception:  # noqa: BLE001, S110 - a vanished path: keep following the others
                     pass
             if got:
                 idle_since = now
@@ -785,10 +785,9 @@ class Ingestor:
                 stream = streams.get(pfx)
                 if stream is None:
                     stream = self._stream(src, pfx)
-            if stream.block is not None:
-                if self._feed_block(stream, text):
-                    n_parsed += 1
-                    continue
+            if stream.block is not None and self._feed_block(stream, text):
+                n_parsed += 1
+                continue
             if ids is None:
                 ids = self._matcher.line(text)
             if strict is None:
@@ -999,7 +998,7 @@ def _label_prefix(label: int | None) -> Prefix | None:
 
 def _has_log(events: list[dict[str, Any]]) -> bool:
     """Whether a parser kept the line itself as a ``log`` event (a plain loop: cheaper than ``any`` on a generator)."""
-    for ev in events:
+    for ev in events:  # noqa: SIM110
         if ev.get("kind") == "log":
             return True
     return False

@@ -19,7 +19,8 @@ apart by position.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Collection, NamedTuple, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
 from ._prefix import PrefixMode
 from ._streams import Stream

@@ -290,7 +290,7 @@ def test_span_ids_are_counted_per_ingest(tmp_path):
     runs = []
     for native in (False, None, False):
         sinks: dict = {}
-        Ingestor(IngestConfig(job="ids", native=native), lambda n, r: sinks.setdefault((n, r), MemorySink())
+        Ingestor(IngestConfig(job="ids", native=native), lambda n, r, sinks=sinks: sinks.setdefault((n, r), MemorySink())
                  ).run([str(path)])
         runs.append({k: list(v.lines) for k, v in sinks.items()})
     assert b'"span_id"' in b"".join(runs[0][next(iter(runs[0]))])
