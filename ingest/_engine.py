@@ -35,6 +35,7 @@ from jobtrace.identity import trace_id_for_job
 
 from . import _align
 from ._align import ClockOffset, SyncMoments, offsets_from_medians
+from ._chunks import ChunkReader
 from ._lane import lane_module, lane_stream, new_lane
 from ._match import Matcher, make_matcher, matcher_engine
 from ._output import UNKNOWN_NODE, Output
@@ -230,7 +231,7 @@ class Ingestor:
         try:
             if self.cfg.align and len(sources) > 0:
                 self._align_pass(sources)
-            srcs = [Src(s, i, self._file_identity(s)) for i, s in enumerate(sources)]
+            srcs = [Src(s, i, self._file_identity(s), self.cfg.max_line_bytes) for i, s in enumerate(sources)]
             for src in srcs:
                 self._open(src)
                 self._drain(src)
@@ -317,11 +318,9 @@ class Ingestor:
             self.summary.errors.append(f"{src.source.display}: {exc}")
 
     def _close_src(self, src: Src) -> None:
-        if src.carry or src.discard:
-            tail, src.carry = src.carry, b""
-            truncated = src.discard
-            src.discard = False
-            self._block(src, tail, last=True, truncated=truncated)
+        tail = src.reader.finish()
+        if tail is not None:
+            self._block(src, tail[0], last=True, truncated=tail[3])
         if src.lane is not None:  # lines still waiting for a time: written by the lane where it can, else Python's
             # Only while no other stream writes at the end (its pending lines, its open block) and every
             # stream has its output (one without gets it only now, maybe one another stream writes to): where
@@ -371,64 +370,16 @@ class Ingestor:
         return got
 
     def _feed(self, src: Src, data: bytes) -> None:
-        if src.lane is not None and self._lane_feed(src, data):
-            return
-        if b"\r" in data:
-            if data.endswith(b"\r"):
-                data, extra = data[:-1], b"\r"
+        """The whole lines of a chunk (see :mod:`._chunks`): to the lane where it reads the file, without copying
+        them where they lie in the chunk, else to the Python engine as one block."""
+        lane = src.lane is not None
+        for buf, begin, end, truncated in src.reader.feed(data, joined=not lane):
+            if truncated:
+                self._block(src, buf[begin:end], last=True, truncated=True)
+            elif src.lane is not None:
+                self._lane_block(src, buf, begin, end)
             else:
-                extra = b""
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        else:
-            extra = b""
-        if src.carry:
-            data = src.carry + data
-            src.carry = b""
-        cut = data.rfind(b"\n")
-        maxb = self.cfg.max_line_bytes
-        if src.discard:  # inside an over-long line: drop up to its end
-            if cut < 0:
-                src.carry = extra
-                return
-            nl = data.find(b"\n")
-            data = data[nl + 1:]
-            src.discard = False
-            cut = data.rfind(b"\n")
-        if cut < 0:
-            if len(data) > maxb:
-                self._block(src, data[:maxb], last=True, truncated=True)
-                src.discard = True
-                src.carry = extra
-            else:
-                src.carry = data + extra
-            return
-        block, rest = data[:cut], data[cut + 1:]
-        if len(rest) > maxb:
-            self._block(src, block, last=False)
-            self._block(src, rest[:maxb], last=True, truncated=True)
-            src.discard = True
-            src.carry = extra
-            return
-        src.carry = rest + extra
-        self._block(src, block, last=False)
-
-    def _lane_feed(self, src: Src, data: bytes) -> bool:
-        """:meth:`_feed` for the fast lane without copying the chunk (a copy of megabytes costs its pages anew each
-        time); False where the general rules apply (carriage returns, over-long lines)."""
-        maxb = self.cfg.max_line_bytes
-        cut = data.rfind(b"\n")
-        if src.discard or cut < 0 or len(data) - cut - 1 > maxb or b"\r" in data:
-            return False
-        begin = 0
-        if src.carry:  # the line begun in the last chunk, on its own
-            first = data.find(b"\n")
-            self._block(src, src.carry + data[:first], last=False)
-            src.carry = b""
-            begin = first + 1
-        if cut >= begin:
-            self._lane_block(src, data, begin, cut)
-        src.carry = data[cut + 1:]
-        return True
+                self._block(src, buf if begin == 0 and end == len(buf) else buf[begin:end], last=False)
 
     def _follow(self, srcs: list[Src], patterns: list[str]) -> None:
         idle_since = time.monotonic()
@@ -446,7 +397,7 @@ class Ingestor:
                     for f in expand_paths(patterns):
                         if f != "-" and f not in known:
                             known.add(f)
-                            src = Src(Source(f), len(srcs), self._file_identity(Source(f)))
+                            src = Src(Source(f), len(srcs), self._file_identity(Source(f)), self.cfg.max_line_bytes)
                             srcs.append(src)
                             self.summary.files.append(f)
                             self._open(src)
@@ -475,36 +426,23 @@ class Ingestor:
         for i, source in enumerate(sources):
             if source.is_stdin:
                 continue
-            src = Src(source, i, self._file_identity(source))
+            src = Src(source, i, self._file_identity(source), self.cfg.max_line_bytes)
             try:
                 fh = source.open()
             except Exception:  # noqa: BLE001 - the main pass reports it
                 continue
             streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]] = {}
-            carry = b""
-            maxb = self.cfg.max_line_bytes
+            reader = ChunkReader(self.cfg.max_line_bytes)
             try:
                 while True:
                     data = fh.read(self.cfg.chunk_bytes)
                     if not data:
                         break
-                    if b"\r" in data:
-                        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                    cut = data.rfind(b"\n")
-                    if cut < 0:
-                        carry = (carry + data)[-maxb:]
-                        continue
-                    # the chunk is read where it lies (a copy of megabytes costs its pages anew each time):
-                    # the line begun in the last chunk on its own, then the chunk's whole lines
-                    begin = 0
-                    if carry:
-                        begin = data.find(b"\n") + 1
-                        self._sync_block(src, carry + data[:begin - 1], streams, points)
-                    if cut >= begin:
-                        self._sync_block(src, data, streams, points, begin, cut)
-                    carry = data[cut + 1:][-maxb:]
-                if carry:
-                    self._sync_block(src, carry, streams, points)
+                    for buf, begin, end, _ in reader.feed(data):
+                        self._sync_block(src, buf, streams, points, begin, end)
+                tail = reader.finish()
+                if tail is not None and tail[0]:
+                    self._sync_block(src, tail[0], streams, points)
             except (OSError, EOFError, ValueError):
                 pass
             finally:

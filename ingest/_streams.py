@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._chunks import ChunkReader
 from ._output import Out
 from ._prefix import Prefix
 from ._sources import FileIdentity, Source
@@ -40,19 +41,18 @@ class Stream:
 
 
 class Src:
-    """One input file of the main pass: its carry, prefix mode, streams and (if any) its compiled lane."""
+    """One input file of the main pass: its chunk reader, prefix mode, streams and (if any) its compiled lane."""
 
-    __slots__ = ("source", "fid", "ident", "mode", "streams", "carry", "discard", "order", "fh", "mtime_ns",
+    __slots__ = ("source", "fid", "ident", "mode", "streams", "reader", "order", "fh", "mtime_ns",
                  "done", "default_day", "by_label", "lane", "lane_streams")
 
-    def __init__(self, source: Source, fid: int, ident: FileIdentity) -> None:
+    def __init__(self, source: Source, fid: int, ident: FileIdentity, max_line_bytes: int) -> None:
         self.source = source
         self.fid = fid
         self.ident = ident
         self.mode: str | None = None
         self.streams: dict[Prefix | None, Stream] = {}
-        self.carry = b""
-        self.discard = False
+        self.reader = ChunkReader(max_line_bytes)  # its carried partial line (see ._chunks)
         self.order = 0
         self.fh: Any = None
         self.mtime_ns = source.mtime_ns()
