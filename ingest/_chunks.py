@@ -38,7 +38,8 @@ class ChunkReader:
         """The runs of whole lines that ``data`` (the next chunk) completes, in order."""
         maxb = self.max_line
         cut = data.rfind(b"\n")
-        if not self.discard and cut >= 0 and len(data) - cut - 1 <= maxb and b"\r" not in data:
+        if (not self.discard and cut >= 0 and len(data) - cut - 1 <= maxb and b"\r" not in data
+                and not self.carry.endswith(b"\r")):
             runs: list[Run] = []
             begin = 0
             if self.carry:
@@ -67,7 +68,10 @@ class ChunkReader:
         else:
             extra = b""
         if self.carry:
-            data = self.carry + data
+            if self.carry.endswith(b"\r"):  # the CR held back: a line end, with the LF after it if one follows
+                data = self.carry[:-1] + b"\n" + (data[1:] if data.startswith(b"\n") else data)
+            else:
+                data = self.carry + data
             self.carry = b""
         cut = data.rfind(b"\n")
         if self.discard:
@@ -96,5 +100,7 @@ class ChunkReader:
         if not self.carry and not self.discard:
             return None
         tail, self.carry = self.carry, b""
+        if tail.endswith(b"\r"):  # a CR held back at the very end ended the line
+            tail = tail[:-1]
         truncated, self.discard = self.discard, False
         return tail, 0, len(tail), truncated
