@@ -227,6 +227,7 @@ class Ingestor:
             else:
                 sources.append(Source(f, display="<stdin>" if f == "-" else f))
         self.summary.files = [s.display for s in sources]
+        self._span_ids.next = SpanIds.for_inputs(self.cfg.job, self.summary.files).next
         self._bytes_total = sum(s.size for s in sources)
         try:
             if self.cfg.align and len(sources) > 0:

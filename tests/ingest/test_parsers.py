@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import orjson
 import pytest
 
 from tests.ingest import fixtures as fx
@@ -295,3 +296,14 @@ def test_span_ids_are_counted_per_ingest(tmp_path):
         runs.append({k: list(v.lines) for k, v in sinks.items()})
     assert b'"span_id"' in b"".join(runs[0][next(iter(runs[0]))])
     assert runs[0] == runs[1] == runs[2]
+    # Another file ingested into the same job gets ids of its own, not the first file's again.
+    other = tmp_path / "more-steps.log"
+    other.write_text(path.read_text())
+    sinks = {}
+    Ingestor(IngestConfig(job="ids"), lambda n, r: sinks.setdefault((n, r), MemorySink())).run([str(other)])
+
+    def ids(run):
+        return {orjson.loads(x)["span_id"] for lines in run.values() for x in lines if b'"span_id"' in x}
+
+    first, second = ids(runs[0]), ids({k: list(v.lines) for k, v in sinks.items()})
+    assert first and second and not first & second
