@@ -13,8 +13,9 @@ shared moments a node is left as it is and reported as such.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Mapping
+from typing import Any, Final
 
 __all__ = ["ClockOffset", "SyncMoments", "estimate_offsets", "node_medians", "offsets_from_medians"]
 

@@ -25,38 +25,45 @@ import functools
 import os
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Final, Iterable
+from typing import Any, Final
 
 import orjson
 
-from jobtrace.events import SCHEMA_VERSION
 from jobtrace.identity import trace_id_for_job
-from shippers import Sink
 
 from . import _align
 from ._align import ClockOffset, SyncMoments, offsets_from_medians
-from ._lane import lane_module, new_lane
-from .parsers._util import set_span_id_counter, span_id_counter
+from ._chunks import ChunkReader
+from ._lane import lane_module, lane_stream, new_lane
 from ._match import Matcher, make_matcher, matcher_engine
+from ._output import UNKNOWN_NODE, Output
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
+from ._streams import Src, Stream
 from ._timestamps import Head, HeadParser, TzSpec, parse_tz
-from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
+from ._types import (
+    FEED_DONE,
+    FEED_MORE,
+    FEED_REJECT,
+    Line,
+    Parser,
+    ParserRegistry,
+    Skip,
+    StreamState,
+    TakesZone,
+    sync_parser,
+)
+from .parsers._util import SpanIds, using_span_ids
 
 __all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
 
 _DUMPS = orjson.dumps
-_NL = orjson.OPT_APPEND_NEWLINE
 _LEVEL_BYTES: Final = {None: b"INFO", "INFO": b"INFO", "WARNING": b"WARNING", "ERROR": b"ERROR", "DEBUG": b"DEBUG",
                        "CRITICAL": b"CRITICAL"}
-_INTERNAL: Final = ("sync", "route_rank", "route_node", "dt", "start_dt")
-_UNKNOWN_NODE: Final = "unknown"
-_IDENT_KEYS: Final = ("job", "trace_id", "rank", "local_rank", "world", "node", "pid", "v")
-_INTERNAL_KEYS: Final = frozenset(_INTERNAL)
-_IDENT_SET: Final = frozenset(_IDENT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -134,64 +141,6 @@ class IngestSummary:
         return d
 
 
-class _Out:
-    """One output stream: a (node, rank) and its sink, with pre-encoded identity."""
-
-    __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident", "index", "chunked")
-
-    def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink,
-                 index: int = 0) -> None:
-        self.node, self.rank, self.sink, self.index = node, rank, sink, index
-        self.chunked = bool(getattr(sink, "takes_chunks", False))  # buf items may hold several lines
-        self.buf: list[bytes] = []
-        self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
-                      "node": node, "pid": 0, "v": SCHEMA_VERSION}
-        self.head = _DUMPS(self.ident)[1:-1]  # '"job":...,"v":1' to splice into templates
-        self.open = b"{%b," % self.head  # an encoded event after its own "{" completes the line
-
-
-class _Stream:
-    """One input stream: a file, or one writer's lines of an interleaved file."""
-
-    __slots__ = ("state", "head", "pending", "block", "block_line", "block_parser", "last_ts", "offset",
-                 "domain", "out", "src")
-
-    def __init__(self, state: StreamState, head: HeadParser, domain: str, src: _Src) -> None:
-        self.state = state
-        self.head = head
-        self.pending: list[tuple[dict[str, Any], int]] = []
-        self.block: Block | None = None
-        self.block_line: Line | None = None
-        self.block_parser = ""
-        self.last_ts: int | None = None
-        self.offset = 0
-        self.domain = domain
-        self.out: _Out | None = None
-        self.src = src
-
-
-class _Src:
-    __slots__ = ("source", "fid", "ident", "mode", "streams", "carry", "discard", "order", "fh", "mtime_ns",
-                 "done", "default_day", "by_label", "lane", "lane_streams")
-
-    def __init__(self, source: Source, fid: int, ident: FileIdentity) -> None:
-        self.source = source
-        self.fid = fid
-        self.ident = ident
-        self.mode: str | None = None
-        self.streams: dict[Prefix | None, _Stream] = {}
-        self.carry = b""
-        self.discard = False
-        self.order = 0
-        self.fh: Any = None
-        self.mtime_ns = source.mtime_ns()
-        self.done = False
-        self.default_day: int | None = (self.mtime_ns // 86_400_000_000_000) if self.mtime_ns else None
-        self.by_label: dict[bytes, _Stream] = {}  # srun label as written (b"" without prefix) → its stream
-        self.lane: Any = None  # the compiled fast lane reading this file (see ._lane), if any
-        self.lane_streams: dict[int | None, _Stream] = {}  # streams the lane holds, by srun label (None: none)
-
-
 ProgressFn = Callable[[int, int, int, int], None]
 """``(bytes_read, bytes_total, lines, events)``, called after every chunk."""
 
@@ -216,27 +165,26 @@ class Ingestor:
         self._tz: TzSpec = parse_tz(config.tz)
         self._plain = PlainLines(self._tz)
         for p in self._parsers:
-            if hasattr(p, "tz"):
+            if isinstance(p, TakesZone):
                 p.tz = self._tz
         # The trigger matchers are compiled when first used: the fast lane matches triggers itself.
         self._triggers = [tuple(p.triggers) for p in self._parsers]
-        self._sync_triggers = [tuple(p.triggers) if getattr(p, "sync_points", False) else () for p in self._parsers]
+        self._sync_parsers = [sync_parser(p) for p in self._parsers]  # None: not a source of moments
+        self._sync_triggers = [tuple(p.triggers) if sp is not None else () for p, sp in zip(self._parsers,
+                                                                                           self._sync_parsers)]
         if config.use_hyperscan:
             self._matcher  # noqa: B018 - required: say now, not mid-ingest, that Hyperscan is missing
         self._lanes: dict[str, Any] = {}  # the first lane made for each prefix mode (see _new_lane)
-        self._sync_ids = frozenset(i for i, p in enumerate(self._parsers)
-                                   if getattr(p, "sync_points", False) and hasattr(p, "sync_step"))
+        self._sync_ids = frozenset(i for i, sp in enumerate(self._sync_parsers) if sp is not None)
         self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
         self._trace = trace_id_for_job(config.job)
-        self._outs: dict[tuple[str, int], _Out] = {}
-        self._out_list: list[_Out] = []  # by index, as the fast lane names them
-        self._rank_nodes: dict[int, str] = {}
         self._used_ranks: set[int] = set()
         self._next_guess = 0
-        self._max_rank = -1
         self._offsets: dict[str, ClockOffset] = {}
-        self._sync: Any = None  # SyncMoments or the lane's MomentStore (see _new_moments)
         self.summary = IngestSummary(job=config.job, matcher=matcher_engine(config.use_hyperscan))
+        # where events go; its ``moments``: SyncMoments or the lane's MomentStore (see _new_moments)
+        self._output = Output(config.job, self._trace, sink_factory, config.world_size, config.max_msg_chars,
+                              config.pending_cap, self.summary)
         built = lane_module() is not None
         if config.native and not built:
             from jobtrace.errors import ConfigError
@@ -245,9 +193,9 @@ class Ingestor:
                               "toolchain (cargo) on PATH")
         self._use_lane = config.native is not False and built
         self._n_log = 0
-        self._events: dict[str, int] = {}
         self._bytes_total = 0
         self._stop = False
+        self._span_ids = SpanIds()  # this ingest's count of span ids, shared by its parsers and its lanes
 
     @functools.cached_property
     def _matcher(self) -> Matcher:
@@ -263,6 +211,10 @@ class Ingestor:
         self._stop = True
 
     def run(self, paths: Iterable[str]) -> IngestSummary:
+        with using_span_ids(self._span_ids):  # the parsers' span ids: this ingest's count
+            return self._run(paths)
+
+    def _run(self, paths: Iterable[str]) -> IngestSummary:
         t0 = time.perf_counter()
         files = expand_paths(list(paths))
         temp: list[str] = []
@@ -275,11 +227,12 @@ class Ingestor:
             else:
                 sources.append(Source(f, display="<stdin>" if f == "-" else f))
         self.summary.files = [s.display for s in sources]
+        self._span_ids.next = SpanIds.for_inputs(self.cfg.job, self.summary.files).next
         self._bytes_total = sum(s.size for s in sources)
         try:
             if self.cfg.align and len(sources) > 0:
                 self._align_pass(sources)
-            srcs = [_Src(s, i, self._file_identity(s)) for i, s in enumerate(sources)]
+            srcs = [Src(s, i, self._file_identity(s), self.cfg.max_line_bytes) for i, s in enumerate(sources)]
             for src in srcs:
                 self._open(src)
                 self._drain(src)
@@ -290,7 +243,7 @@ class Ingestor:
             for src in srcs:
                 self._close_src(src)
         finally:
-            self._close_outs()
+            self._output.close()
             for path in temp:
                 try:
                     os.unlink(path)
@@ -299,13 +252,13 @@ class Ingestor:
         s = self.summary
         if "_matcher" in self.__dict__:  # compiled: the engine it really uses (a fallback to re included)
             s.matcher = self._matcher.engine
-        s.events = dict(self._events)
+        s.events = dict(self._output.events)
         if self._n_log:
             s.events["log"] = s.events.get("log", 0) + self._n_log
         s.seconds = time.perf_counter() - t0
         s.streams = sorted(s.streams, key=lambda d: (d["rank"], d["node"], d["source"]))
-        if self._sync:
-            residual = offsets_from_medians(self._sync.medians())
+        if self._output.moments:
+            residual = offsets_from_medians(self._output.moments.medians())
             applied = [abs(o.offset_ms) for o in residual.values() if o.applied]
             if applied and any(o.applied for o in self._offsets.values()):
                 s.alignment_residual_ms = round(max(applied), 3)
@@ -317,11 +270,11 @@ class Ingestor:
             return FileIdentity()
         return identity_from_name(source.path, self._rank_rx)
 
-    def _stream(self, src: _Src, pfx: Prefix | None) -> _Stream:
+    def _stream(self, src: Src, pfx: Prefix | None) -> Stream:
         cfg = self.cfg
         ident = src.ident
         host = pfx.host if pfx else None
-        node = cfg.node or host or ident.node or _UNKNOWN_NODE
+        node = cfg.node or host or ident.node or UNKNOWN_NODE
         rank = pfx.rank if pfx and pfx.rank is not None else None
         local = pfx.local_rank if pfx else None
         guessed = False
@@ -340,14 +293,14 @@ class Ingestor:
         if local is None:
             local = ident.local_rank if ident.local_rank is not None else rank
         self._used_ranks.add(rank)
-        self._max_rank = max(self._max_rank, rank)
+        self._output.max_rank = max(self._output.max_rank, rank)
         if not guessed:
-            self._rank_nodes.setdefault(rank, node)
+            self._output.rank_nodes.setdefault(rank, node)
         key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
                                          f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
-        domain = node if node != _UNKNOWN_NODE else key
+        domain = node if node != UNKNOWN_NODE else key
         state = StreamState(key, node, rank, local, guessed)
-        stream = _Stream(state, HeadParser(self._tz, src.default_day, self.cfg.year), domain, src)
+        stream = Stream(state, HeadParser(self._tz, src.default_day, self.cfg.year), domain, src)
         off = self._offsets.get(domain)
         if off is not None and off.applied:
             stream.offset = -off.offset_ns
@@ -356,18 +309,8 @@ class Ingestor:
                                      "rank_guessed": guessed, "domain": domain})
         return stream
 
-    def _out(self, node: str, rank: int, local: int) -> _Out:
-        key = (node, rank)
-        out = self._outs.get(key)
-        if out is None:
-            world = max(self.cfg.world_size or 0, self._max_rank + 1, rank + 1)
-            out = self._outs[key] = _Out(self.cfg.job, self._trace, node, rank, local, world,
-                                         self._sink_factory(node, rank), len(self._out_list))
-            self._out_list.append(out)
-        return out
-
     # ---- reading ----------------------------------------------------------------
-    def _open(self, src: _Src) -> None:
+    def _open(self, src: Src) -> None:
         try:
             src.fh = src.source.open()
         except Exception as exc:  # noqa: BLE001 - reported in the summary, the other files go on
@@ -375,12 +318,10 @@ class Ingestor:
             src.done = True
             self.summary.errors.append(f"{src.source.display}: {exc}")
 
-    def _close_src(self, src: _Src) -> None:
-        if src.carry or src.discard:
-            tail, src.carry = src.carry, b""
-            truncated = src.discard
-            src.discard = False
-            self._block(src, tail, last=True, truncated=truncated)
+    def _close_src(self, src: Src) -> None:
+        tail = src.reader.finish()
+        if tail is not None:
+            self._block(src, tail[0], last=True, truncated=tail[3])
         if src.lane is not None:  # lines still waiting for a time: written by the lane where it can, else Python's
             # Only while no other stream writes at the end (its pending lines, its open block) and every
             # stream has its output (one without gets it only now, maybe one another stream writes to): where
@@ -396,16 +337,16 @@ class Ingestor:
             src.lane, src.lane_streams = None, {}
         for stream in src.streams.values():
             self._end_block(stream)
-            self._release_pending(stream, final=True)
+            self._output.release_pending(stream, final=True)
         if src.fh is not None and not src.source.is_stdin:
             try:
                 src.fh.close()
             except OSError:
                 pass
         src.fh = None
-        self._flush_outs()
+        self._output.flush()
 
-    def _drain(self, src: _Src) -> bool:
+    def _drain(self, src: Src) -> bool:
         """Read what the source has now; True if anything was read."""
         if src.fh is None:
             return False
@@ -423,73 +364,25 @@ class Ingestor:
             got = True
             self.summary.bytes_read += len(data)
             self._feed(src, data)
-            self._flush_outs()
+            self._output.flush()
             if self._progress is not None:
                 self._progress(self.summary.bytes_read, self._bytes_total, self.summary.lines,
-                               self._n_log + sum(self._events.values()))
+                               self._n_log + sum(self._output.events.values()))
         return got
 
-    def _feed(self, src: _Src, data: bytes) -> None:
-        if src.lane is not None and self._lane_feed(src, data):
-            return
-        if b"\r" in data:
-            if data.endswith(b"\r"):
-                data, extra = data[:-1], b"\r"
+    def _feed(self, src: Src, data: bytes) -> None:
+        """The whole lines of a chunk (see :mod:`._chunks`): to the lane where it reads the file, without copying
+        them where they lie in the chunk, else to the Python engine as one block."""
+        lane = src.lane is not None
+        for buf, begin, end, truncated in src.reader.feed(data, joined=not lane):
+            if truncated:
+                self._block(src, buf[begin:end], last=True, truncated=True)
+            elif src.lane is not None:
+                self._lane_block(src, buf, begin, end)
             else:
-                extra = b""
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        else:
-            extra = b""
-        if src.carry:
-            data = src.carry + data
-            src.carry = b""
-        cut = data.rfind(b"\n")
-        maxb = self.cfg.max_line_bytes
-        if src.discard:  # inside an over-long line: drop up to its end
-            if cut < 0:
-                src.carry = extra
-                return
-            nl = data.find(b"\n")
-            data = data[nl + 1:]
-            src.discard = False
-            cut = data.rfind(b"\n")
-        if cut < 0:
-            if len(data) > maxb:
-                self._block(src, data[:maxb], last=True, truncated=True)
-                src.discard = True
-                src.carry = extra
-            else:
-                src.carry = data + extra
-            return
-        block, rest = data[:cut], data[cut + 1:]
-        if len(rest) > maxb:
-            self._block(src, block, last=False)
-            self._block(src, rest[:maxb], last=True, truncated=True)
-            src.discard = True
-            src.carry = extra
-            return
-        src.carry = rest + extra
-        self._block(src, block, last=False)
+                self._block(src, buf if begin == 0 and end == len(buf) else buf[begin:end], last=False)
 
-    def _lane_feed(self, src: _Src, data: bytes) -> bool:
-        """:meth:`_feed` for the fast lane without copying the chunk (a copy of megabytes costs its pages anew each
-        time); False where the general rules apply (carriage returns, over-long lines)."""
-        maxb = self.cfg.max_line_bytes
-        cut = data.rfind(b"\n")
-        if src.discard or cut < 0 or len(data) - cut - 1 > maxb or b"\r" in data:
-            return False
-        begin = 0
-        if src.carry:  # the line begun in the last chunk, on its own
-            first = data.find(b"\n")
-            self._block(src, src.carry + data[:first], last=False)
-            src.carry = b""
-            begin = first + 1
-        if cut >= begin:
-            self._lane_block(src, data, begin, cut)
-        src.carry = data[cut + 1:]
-        return True
-
-    def _follow(self, srcs: list[_Src], patterns: list[str]) -> None:
+    def _follow(self, srcs: list[Src], patterns: list[str]) -> None:
         idle_since = time.monotonic()
         known = {s.source.path for s in srcs}
         last_scan = time.monotonic()
@@ -505,12 +398,12 @@ class Ingestor:
                     for f in expand_paths(patterns):
                         if f != "-" and f not in known:
                             known.add(f)
-                            src = _Src(Source(f), len(srcs), self._file_identity(Source(f)))
+                            src = Src(Source(f), len(srcs), self._file_identity(Source(f)), self.cfg.max_line_bytes)
                             srcs.append(src)
                             self.summary.files.append(f)
                             self._open(src)
                             got = self._drain(src) or got
-                except Exception:  # noqa: BLE001 - a vanished path: keep following the others
+                except Exception:  # noqa: BLE001, S110 - a vanished path: keep following the others
                     pass
             if got:
                 idle_since = now
@@ -518,7 +411,7 @@ class Ingestor:
             for src in srcs:  # nothing new: close blocks and release lines waiting for a timestamp
                 for stream in src.streams.values():
                     self._end_block(stream)
-            self._flush_outs()
+            self._output.flush()
             if self.cfg.idle_exit_s is not None and now - idle_since >= self.cfg.idle_exit_s:
                 return
             time.sleep(self.cfg.poll_s)
@@ -534,45 +427,32 @@ class Ingestor:
         for i, source in enumerate(sources):
             if source.is_stdin:
                 continue
-            src = _Src(source, i, self._file_identity(source))
+            src = Src(source, i, self._file_identity(source), self.cfg.max_line_bytes)
             try:
                 fh = source.open()
             except Exception:  # noqa: BLE001 - the main pass reports it
                 continue
             streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]] = {}
-            carry = b""
-            maxb = self.cfg.max_line_bytes
+            reader = ChunkReader(self.cfg.max_line_bytes)
             try:
                 while True:
                     data = fh.read(self.cfg.chunk_bytes)
                     if not data:
                         break
-                    if b"\r" in data:
-                        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                    cut = data.rfind(b"\n")
-                    if cut < 0:
-                        carry = (carry + data)[-maxb:]
-                        continue
-                    # the chunk is read where it lies (a copy of megabytes costs its pages anew each time):
-                    # the line begun in the last chunk on its own, then the chunk's whole lines
-                    begin = 0
-                    if carry:
-                        begin = data.find(b"\n") + 1
-                        self._sync_block(src, carry + data[:begin - 1], streams, points)
-                    if cut >= begin:
-                        self._sync_block(src, data, streams, points, begin, cut)
-                    carry = data[cut + 1:][-maxb:]
-                if carry:
-                    self._sync_block(src, carry, streams, points)
+                    for buf, begin, end, _ in reader.feed(data):
+                        self._sync_block(src, buf, streams, points, begin, end)
+                tail = reader.finish()
+                if tail is not None and tail[0]:
+                    self._sync_block(src, tail[0], streams, points)
             except (OSError, EOFError, ValueError):
                 pass
             finally:
                 fh.close()
         self._offsets = offsets_from_medians(points.medians())
         self.summary.clock_offsets = sorted(self._offsets.values(), key=lambda o: o.domain)
-        self._sync = self._new_moments()
+        self._output.moments = self._new_moments()
 
-    def _sync_block(self, src: _Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
+    def _sync_block(self, src: Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
                     points: Any, begin: int = 0, end: int | None = None) -> None:
         """The moments of the lines of ``block[begin:end]``."""
         end = len(block) if end is None else end
@@ -594,7 +474,7 @@ class Ingestor:
             lines = ((raw, None) for raw in block.split(b"\n"))
         self._sync_lines(src, lines, streams, points)
 
-    def _sync_lane(self, src: _Src, block: bytes, begin: int, end: int,
+    def _sync_lane(self, src: Src, block: bytes, begin: int, end: int,
                    streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: Any) -> None:
         """The lane adds the moments of ``block[begin:end]`` to ``points``; the lines it gives back are read here,
         in order."""
@@ -618,19 +498,19 @@ class Ingestor:
                 return
             pos = stop_end + 1
 
-    def _sync_stream(self, src: _Src, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
+    def _sync_stream(self, src: Src, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
                      pfx: Prefix | None) -> tuple[StreamState, HeadParser, str]:
         entry = streams.get(pfx)
         if entry is None:
-            node = self.cfg.node or (pfx.host if pfx else None) or src.ident.node or _UNKNOWN_NODE
+            node = self.cfg.node or (pfx.host if pfx else None) or src.ident.node or UNKNOWN_NODE
             key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
                                              f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
             entry = streams[pfx] = (StreamState(key, node, -1, -1, True),
                                     HeadParser(self._tz, src.default_day, self.cfg.year),
-                                    node if node != _UNKNOWN_NODE else key)
+                                    node if node != UNKNOWN_NODE else key)
         return entry
 
-    def _sync_lines(self, src: _Src, lines: Iterable[tuple[bytes, frozenset[int] | None]],
+    def _sync_lines(self, src: Src, lines: Iterable[tuple[bytes, frozenset[int] | None]],
                     streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: Any) -> None:
         mode = src.mode or PrefixMode.NONE
         plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
@@ -663,11 +543,11 @@ class Ingestor:
                 ts = head.ts
                 body = text[head.body_at:]
             for i in sorted(ids):
-                if i not in self._sync_ids:
+                parser = self._sync_parsers[i]
+                if parser is None:
                     continue
-                parser = self._parsers[i]
                 try:
-                    step = parser.sync_step(body)  # type: ignore[attr-defined]
+                    step = parser.sync_step(body)
                 except Exception:  # noqa: BLE001 - counted in the main pass
                     continue
                 if step is not None:
@@ -675,7 +555,7 @@ class Ingestor:
                     break
 
     # ---- the main pass ----------------------------------------------------------------
-    def _block(self, src: _Src, block: bytes, last: bool, truncated: bool = False) -> None:
+    def _block(self, src: Src, block: bytes, last: bool, truncated: bool = False) -> None:
         if src.mode is None:
             src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
             if self._use_lane:
@@ -709,16 +589,16 @@ class Ingestor:
             self._lanes[mode] = lane
         return lane
 
-    def _lane_block(self, src: _Src, data: bytes, begin: int = 0, end: int | None = None) -> None:
+    def _lane_block(self, src: Src, data: bytes, begin: int = 0, end: int | None = None) -> None:
         """The lane reads the lines of ``data[begin:end]`` (no copy of them); each line it gives back is read
         here, in order, with its stream's state."""
         lane = src.lane
         end = len(data) if end is None else end
         pos = begin
         while True:
-            lane.next_span_id = span_id_counter()  # one count of span ids, whichever engine makes them
+            lane.next_span_id = self._span_ids.next  # one count of span ids, whichever engine makes them
             stop = lane.run(data, begin, pos, end)
-            set_span_id_counter(lane.next_span_id)
+            self._span_ids.next = lane.next_span_id
             self._lane_drain(src)
             if stop is None:
                 return
@@ -728,7 +608,7 @@ class Ingestor:
                 return
             pos = stop_end + 1
 
-    def _lane_give_back(self, src: _Src, raw: bytes, ids: frozenset[int] | None, truncated: bool,
+    def _lane_give_back(self, src: Src, raw: bytes, ids: frozenset[int] | None, truncated: bool,
                         label: int | None = None) -> None:
         if ids is None:  # a cut line: its label as the lane would read it
             m = _SRUN_LABEL.match(raw) if src.mode == PrefixMode.SRUN else None
@@ -749,20 +629,15 @@ class Ingestor:
         # The lane takes the stream (back) with Python's state of it. Until Python has made its output
         # (which fixes the world size written in its events), the lane takes only lines that wait for a time.
         out = stream.out
-        state = stream.state
         if out is not None and out.chunked:
             src.lane.chunked_output(out.index)
-        src.lane.add_stream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
-                            stream.block is not None or bool(stream.pending), src.mtime_ns or None,
-                            state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
-                            state.state("huggingface"), stream.head.last_layout,
-                            state.rank_guessed)
-        if self._sync is not None:
-            src.lane.set_domain(label, self._sync.domain_id(stream.domain), False)
+        src.lane.add_stream(lane_stream(label, stream))
+        if self._output.moments is not None:
+            src.lane.set_domain(label, self._output.moments.domain_id(stream.domain), False)
         if stream.pending and stream.block is None and src.lane.adopt_pending(label, stream.pending):
             stream.pending = []  # the lane holds them now (a log whose lines carry no time)
 
-    def _lane_export(self, src: _Src, label: int | None) -> None:
+    def _lane_export(self, src: Src, label: int | None) -> None:
         """Hand what the lane holds of a stream (last time, head day, lines waiting for a time) to it."""
         got = src.lane.export(label)
         if got is None:
@@ -775,19 +650,19 @@ class Ingestor:
         if pending:
             stream.pending.extend(pending)
 
-    def _lane_drain(self, src: _Src) -> None:
-        outs, counts = src.lane.drain(self._sync)
+    def _lane_drain(self, src: Src) -> None:
+        outs, counts = src.lane.drain(self._output.moments)
         for index, lines in outs:  # a bytes chunk for a sink that takes chunks, else a list of lines
             if type(lines) is bytes:
-                self._out_list[index].buf.append(lines)
+                self._output.by_index[index].buf.append(lines)
             else:
-                self._out_list[index].buf.extend(lines)
+                self._output.by_index[index].buf.extend(lines)
         s = self.summary
         s.lines += counts["lines"]
         s.parsed += counts["parsed"]
         s.estimated_ts += counts["estimated"]
         self._n_log += counts["log"]
-        events = self._events
+        events = self._output.events
         for kind in ("metric", "span"):
             if counts[kind]:
                 events[kind] = events.get(kind, 0) + counts[kind]
@@ -798,7 +673,7 @@ class Ingestor:
         for reason, n in counts["skipped"].items():
             s.skipped[reason] = s.skipped.get(reason, 0) + n
 
-    def _lines(self, src: _Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
+    def _lines(self, src: Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
         summary = self.summary
         skipped = summary.skipped
         mode = src.mode
@@ -810,7 +685,7 @@ class Ingestor:
         levels = _LEVEL_BYTES
         dumps = _DUMPS
         plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
-        stream: _Stream | None
+        stream: Stream | None
         head: Head | None
         for raw, ids in it:
             n_lines += 1
@@ -849,10 +724,9 @@ class Ingestor:
                 stream = streams.get(pfx)
                 if stream is None:
                     stream = self._stream(src, pfx)
-            if stream.block is not None:
-                if self._feed_block(stream, text):
-                    n_parsed += 1
-                    continue
+            if stream.block is not None and self._feed_block(stream, text):
+                n_parsed += 1
+                continue
             if ids is None:
                 ids = self._matcher.line(text)
             if strict is None:
@@ -881,13 +755,10 @@ class Ingestor:
                 ev: dict[str, Any] = {"kind": "log", "level": level or "INFO", "msg": body}
                 if logger:
                     ev["logger"] = logger
-                self._emit(stream, [ev], ts)
+                self._output.emit(stream, [ev], ts)
                 continue
             stream.last_ts = ts
-            out = stream.out
-            if out is None:
-                st = stream.state
-                out = stream.out = self._out(st.node, st.rank, st.local_rank)
+            out = stream.out or self._output.stream_out(stream)
             lb = levels.get(level) or b"INFO"
             if logger:
                 out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":%b,"msg":%b}\n'
@@ -903,7 +774,7 @@ class Ingestor:
         self._n_log += n_log
 
     @staticmethod
-    def _label_stream(src: _Src, label: bytes) -> _Stream | None:
+    def _label_stream(src: Src, label: bytes) -> Stream | None:
         """The stream of a strict line's ``srun`` label (``b""``: no prefix); None while it has none yet."""
         stream = src.by_label.get(label)
         if stream is None:
@@ -912,7 +783,7 @@ class Ingestor:
                 src.by_label[label] = stream
         return stream
 
-    def _strict_head(self, src: _Src, m: re.Match[bytes], raw: bytes) -> tuple[_Stream, str, Head, int] | None:
+    def _strict_head(self, src: Src, m: re.Match[bytes], raw: bytes) -> tuple[Stream, str, Head, int] | None:
         """Stream, text after the prefix, head and epoch day of a strict line (:mod:`._plain`) that the general
         path must still see (a trigger hit it, or its stream is busy), read without ``split_prefix`` and the
         head layouts; None: read it the general way (new stream, bad bytes, bad date)."""
@@ -931,7 +802,7 @@ class Ingestor:
         head = Head(base + frac_ns(m.group(4)), level_name(m.group(5)), m.group(6).decode("ascii"), m.end() - at)
         return stream, text, head, day
 
-    def _plain_line(self, src: _Src, m: re.Match[bytes], raw: bytes) -> bool:
+    def _plain_line(self, src: Src, m: re.Match[bytes], raw: bytes) -> bool:
         """Write a strict plain log line (:mod:`._plain`) exactly as the general path would.
 
         False when that path has to see it after all: the stream is new, in a multi-line
@@ -952,15 +823,12 @@ class Ingestor:
         ts = base + frac_ns(frac)
         stream.head.note_iso(day)
         stream.last_ts = ts
-        out = stream.out
-        if out is None:
-            st = stream.state
-            out = stream.out = self._out(st.node, st.rank, st.local_rank)
+        out = stream.out or self._output.stream_out(stream)
         out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":"%b","msg":%b}\n'
                        % (ts + stream.offset, out.head, level_bytes(level), logger, msg))
         return True
 
-    def _blank(self, stream: _Stream | None) -> bool:
+    def _blank(self, stream: Stream | None) -> bool:
         """A blank line: True when it continues the stream's open block (a traceback), else counted as skipped."""
         if stream is not None and stream.block is not None and self._feed_block(stream, ""):
             return True
@@ -968,7 +836,7 @@ class Ingestor:
         skipped["blank line"] = skipped.get("blank line", 0) + 1
         return False
 
-    def _parse(self, stream: _Stream, line: Line, ids: frozenset[int]) -> bool:
+    def _parse(self, stream: Stream, line: Line, ids: frozenset[int]) -> bool:
         """Run the triggered parsers in order; True when one of them took the line."""
         by = self.summary.lines_by_parser
         for i in (ids if len(ids) == 1 else sorted(ids)):
@@ -995,7 +863,7 @@ class Ingestor:
                     if line.logger:
                         base["logger"] = line.logger
                     res = [base, *res]
-                self._emit(stream, res, line.ts)
+                self._output.emit(stream, res, line.ts)
                 return True
             # a Block: the following lines of this stream go to it
             by[name] = by.get(name, 0) + 1
@@ -1005,7 +873,7 @@ class Ingestor:
             return True
         return False
 
-    def _feed_block(self, stream: _Stream, text: str) -> bool:
+    def _feed_block(self, stream: Stream, text: str) -> bool:
         block = stream.block
         assert block is not None and stream.block_line is not None
         try:
@@ -1026,7 +894,7 @@ class Ingestor:
         self._end_block(stream)
         return False
 
-    def _end_block(self, stream: _Stream) -> None:
+    def _end_block(self, stream: Stream) -> None:
         block, line = stream.block, stream.block_line
         if block is None or line is None:
             return
@@ -1038,111 +906,8 @@ class Ingestor:
             errs = self.summary.parser_errors
             errs[stream.block_parser] = errs.get(stream.block_parser, 0) + 1
             events = [{"kind": "log", "level": line.level or "INFO", "msg": line.text}]
-        self._emit(stream, events, line.ts)
+        self._output.emit(stream, events, line.ts)
 
-    # ---- events ----------------------------------------------------------------------
-    def _emit(self, stream: _Stream, events: list[dict[str, Any]], ts: int | None) -> None:
-        if ts is not None:
-            if stream.pending:
-                self._release_pending(stream, upto=ts)
-            stream.last_ts = ts if stream.last_ts is None or ts > stream.last_ts else stream.last_ts
-            for ev in events:
-                self._write(stream, ev, ts, False)
-            return
-        for ev in events:
-            if "ts" in ev:  # carries its own time (e.g. a torchelastic failure time)
-                self._write(stream, ev, ev["ts"], False)
-            else:
-                stream.pending.append((ev, 0))
-        if len(stream.pending) >= self.cfg.pending_cap:
-            self._release_pending(stream, final=True)
-
-    def _release_pending(self, stream: _Stream, upto: int | None = None, final: bool = False) -> None:
-        """Give lines without a timestamp one between their neighbours' (evenly spaced), marked ``est``."""
-        pending = stream.pending
-        if not pending:
-            return
-        stream.pending = []
-        lo = stream.last_ts
-        if lo is None:
-            lo = upto if upto is not None else (stream.src.mtime_ns or time.time_ns())
-        hi = upto if upto is not None and upto >= lo else lo
-        n = len(pending)
-        self.summary.estimated_ts += n
-        for i, (ev, _) in enumerate(pending):
-            t = lo + (hi - lo) * (i + 1) // (n + 1) if hi > lo else lo
-            self._write(stream, ev, t, True)
-        if final and upto is None:
-            stream.last_ts = lo
-
-    def _write(self, stream: _Stream, ev: dict[str, Any], line_ts: int, est: bool) -> None:
-        st = stream.state
-        if _INTERNAL_KEYS.isdisjoint(ev):  # most events: nothing to take out (one look-up instead of five)
-            rank = node = start_dt = None
-            sync = False
-            dt = 0
-        else:
-            rank = ev.pop("route_rank", None)
-            node = ev.pop("route_node", None)
-            sync = ev.pop("sync", False)
-            dt = ev.pop("dt", 0)
-            start_dt = ev.pop("start_dt", None)
-        if not _IDENT_SET.isdisjoint(ev):
-            for k in _IDENT_KEYS:  # identity comes from the output stream; parsers cannot override it
-                ev.pop(k, None)
-        off = stream.offset
-        ts = ev.get("ts")
-        if ts is None:
-            ts = line_ts + dt
-        elif not isinstance(ts, int):
-            ts = line_ts
-        if start_dt is not None:
-            ev["start"] = line_ts + start_dt + off
-        elif ev.get("kind") == "span" and "dur" in ev:
-            ev["start"] = (ev["start"] + off) if "start" in ev else ts - int(ev["dur"]) + off
-        ev["ts"] = ts + off
-        if est:
-            ev["est"] = True
-        kind = ev.get("kind", "log")
-        ev["kind"] = kind
-        if kind == "log":
-            ev.setdefault("level", "INFO")
-            if "msg" in ev and isinstance(ev["msg"], str) and len(ev["msg"]) > self.cfg.max_msg_chars:
-                ev["msg"] = ev["msg"][: self.cfg.max_msg_chars]
-        if rank is None:
-            out = stream.out
-            if out is None:
-                out = stream.out = self._out(st.node, st.rank, st.local_rank)
-        else:
-            if node is None:
-                # the same writer (or, for a host-prefixed stream, the same host) unless the rank is known elsewhere
-                node = st.node if (rank == st.rank or st.rank_guessed) else self._rank_nodes.get(rank, _UNKNOWN_NODE)
-            out = self._out(node, rank, rank)
-        if sync and self._sync is not None and not est and ev.get("step") is not None and rank is None:
-            self._sync.add(stream.domain, ev["step"], ev["ts"])
-        try:
-            body = _DUMPS(ev, option=_NL)
-        except TypeError:
-            body = _DUMPS({k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-                           for k, v in ev.items()}, option=_NL)
-        out.buf.append(out.open + body[1:])
-        self._events[kind] = self._events.get(kind, 0) + 1
-
-    def _flush_outs(self) -> None:
-        for out in self._outs.values():
-            if out.buf:
-                buf, out.buf = out.buf, []
-                out.sink.write(buf)
-
-    def _close_outs(self) -> None:
-        try:
-            self._flush_outs()
-        finally:
-            for out in self._outs.values():
-                try:
-                    out.sink.flush()
-                finally:
-                    out.sink.close()
 
 
 _EMPTY: Final = frozenset[int]()
@@ -1172,7 +937,7 @@ def _label_prefix(label: int | None) -> Prefix | None:
 
 def _has_log(events: list[dict[str, Any]]) -> bool:
     """Whether a parser kept the line itself as a ``log`` event (a plain loop: cheaper than ``any`` on a generator)."""
-    for ev in events:
+    for ev in events:  # noqa: SIM110
         if ev.get("kind") == "log":
             return True
     return False

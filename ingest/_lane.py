@@ -9,24 +9,59 @@ pass's moments) and gives every other line back to the engine in order, with the
 stream it belongs to; its output is byte for byte the engine's (``tests/ingest/test_native.py``).
 It is optional: without the compiled module, or for inputs it does not cover, the Python engine
 does all the work.
+
+The bridge: a stream Python has read a line of goes (back) to the lane as one
+:class:`LaneStream`, built here by :func:`lane_stream` and read by field name on the Rust
+side (``native/src/lane/mod.rs``, ``struct LaneStream``), so the two sides cannot drift
+apart by position.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Collection, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
 from ._prefix import PrefixMode
+from ._streams import Stream
 from ._timestamps import TzSpec
 from ._types import Parser
 
-__all__ = ["lane_module", "new_lane"]
+__all__ = ["LaneStream", "lane_module", "lane_stream", "new_lane"]
 
 _native: Any
 try:  # by name: an optional compiled module, typed here as Any
     _native = importlib.import_module("jobtrace_native")
 except ImportError:  # not built: the Python engine does everything
     _native = None
+
+
+class LaneStream(NamedTuple):
+    """Python's state of one stream as the lane takes it over (fields as in Rust's ``LaneStream``)."""
+
+    label: int | None  # its srun label (None: lines without one)
+    out: int | None  # its output's index (None while Python has made none)
+    offset: int  # clock offset added to its times (ns)
+    ident: bytes  # its output's encoded identity (b"" without output)
+    last_ts: int | None
+    busy: bool  # Python holds a multi-line block or lines waiting for a time of it
+    mtime_ns: int | None  # the file's, for lines that never get a time
+    generic_state: dict[str, Any]  # the parsers' state of the stream, by parser
+    deepspeed_state: dict[str, Any]
+    megatron_state: dict[str, Any]
+    huggingface_state: dict[str, Any]
+    last_layout: str | None  # the head layout last read in it
+    rank_guessed: bool
+
+
+def lane_stream(label: int | None, stream: Stream) -> LaneStream:
+    """What the lane is given of ``stream`` (read by Python up to now) when it takes it (back)."""
+    out = stream.out
+    state = stream.state
+    return LaneStream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
+                      stream.block is not None or bool(stream.pending), stream.src.mtime_ns or None,
+                      state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
+                      state.state("huggingface"), stream.head.last_layout, state.rank_guessed)
 
 
 def lane_module() -> Any | None:

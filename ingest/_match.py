@@ -12,7 +12,8 @@ slower.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["Matcher", "make_matcher", "matcher_engine"]
 
@@ -99,7 +100,7 @@ def make_matcher(triggers: Sequence[Sequence[str]], use_hyperscan: bool | None =
                 from jobtrace.errors import ConfigError
 
                 raise ConfigError("hyperscan is not installed: pip install 'jobtrace[ingest]'") from None
-        except Exception:  # noqa: BLE001 - a trigger Hyperscan cannot compile: fall back, same results
+        except Exception:
             if use_hyperscan:
                 raise
     return Matcher(triggers)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Iterable
+from typing import Final
 
 __all__ = ["PrefixMode", "Prefix", "detect_mode", "make_prefix", "split_prefix"]
 

@@ -8,8 +8,9 @@ shippers plug in through :func:`open_sink` once they exist.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Final, Sequence
+from typing import Final
 
 from jobtrace.errors import ConfigError
 from jobtrace.store import job_dir, spool_root

@@ -16,9 +16,10 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final, Iterator
+from typing import BinaryIO, Final
 
 from jobtrace.errors import ConfigError
 

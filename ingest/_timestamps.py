@@ -18,8 +18,10 @@ from __future__ import annotations
 import calendar
 import datetime as _dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Final, Pattern
+from re import Pattern
+from typing import Final
 
 __all__ = ["Head", "HeadParser", "ISO_LAYOUT", "TzSpec", "parse_timestamp", "parse_tz"]
 
@@ -84,7 +86,7 @@ def parse_tz(spec: str | None) -> TzSpec:
         from zoneinfo import ZoneInfo
 
         return TzSpec(spec, None, ZoneInfo(spec))
-    except Exception as exc:  # noqa: BLE001 - ZoneInfoNotFoundError, ValueError, missing tzdata
+    except Exception as exc:
         raise ConfigError(f"unknown time zone {spec!r}: use UTC, local, +HH:MM or a name like Europe/Paris") from exc
 
 

@@ -21,9 +21,14 @@ A parser is any object with a ``name``, ``triggers`` and ``parse(line)``:
   ``dt`` (nanoseconds to add to the line's timestamp). A span without ``start``
   ends at its ``ts`` and starts ``dur`` earlier.
 
-A parser whose step events are shared moments sets ``sync_points = True`` and has
-``sync_step(text) -> int | None`` (the step a line ends, found cheaply): the
-alignment pass calls only that.
+Optional capabilities are declared as small protocols that the engine checks with
+``isinstance`` (see :func:`sync_parser` and :class:`TakesZone`):
+
+* :class:`SyncPoints`: a parser whose step events are shared moments sets
+  ``sync_points = True`` and has ``sync_step(text) -> int | None`` (the step a line
+  ends, found cheaply): the alignment pass calls only that.
+* :class:`TakesZone`: a parser with a ``tz`` attribute gets the ingest's zone of
+  naive timestamps (a :class:`._timestamps.TzSpec`) before the first line.
 
 Parsers run on the ingest thread; one that raises is counted per name and the line
 is kept as a plain log event, so a parser bug never loses a line or stops an ingest.
@@ -31,10 +36,12 @@ is kept as a plain log event, so a parser bug never loses a line or stops an ing
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Final, Protocol, Sequence, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
-__all__ = ["Block", "FEED_DONE", "FEED_MORE", "FEED_REJECT", "Line", "Parser", "ParserRegistry", "Skip", "StreamState"]
+__all__ = ["Block", "FEED_DONE", "FEED_MORE", "FEED_REJECT", "Line", "Parser", "ParserRegistry", "Skip", "StreamState",
+           "SyncPoints", "TakesZone", "sync_parser"]
 
 PartialEvent = dict[str, Any]
 """A canonical event without identity: at least ``kind``; ``ts`` defaults to the line's."""
@@ -101,13 +108,37 @@ class Line:
     hits: frozenset[int] = frozenset()
 
 
+@runtime_checkable
 class Parser(Protocol):
+    """What every parser has (see the module's docstring); checked when it is registered."""
+
     name: str
 
     @property
     def triggers(self) -> Sequence[str]: ...  # read-only: parsers keep them in a class-level tuple
 
     def parse(self, line: Line) -> list[PartialEvent] | Block | Skip | None: ...
+
+
+@runtime_checkable
+class SyncPoints(Protocol):
+    """A parser whose step ends are moments all ranks share (used for clock alignment)."""
+
+    sync_points: bool
+
+    def sync_step(self, text: str) -> int | None: ...
+
+
+@runtime_checkable
+class TakesZone(Protocol):
+    """A parser that reads times itself and is given the ingest's zone of naive timestamps."""
+
+    tz: Any
+
+
+def sync_parser(parser: Parser) -> SyncPoints | None:
+    """``parser`` as a source of alignment moments, or ``None`` when it declares none."""
+    return parser if isinstance(parser, SyncPoints) and parser.sync_points else None
 
 
 class ParserRegistry:
@@ -120,9 +151,8 @@ class ParserRegistry:
         """Add ``parser`` (last, or ``first=True`` to run before the built-in ones); replaces one of the same name."""
         from jobtrace.errors import ConfigError
 
-        for attr in ("name", "triggers", "parse"):
-            if not hasattr(parser, attr):
-                raise ConfigError(f"parser {parser!r} has no {attr!r}")
+        if not isinstance(parser, Parser):
+            raise ConfigError(f"parser {parser!r} is not a Parser: it needs 'name', 'triggers' and 'parse'")
         if not parser.triggers:
             raise ConfigError(f"parser {parser.name!r} has no triggers")
         self._parsers = [p for p in self._parsers if p.name != parser.name]

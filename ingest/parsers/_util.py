@@ -2,31 +2,74 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-from typing import Any, Final, Iterable
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Final
 
 __all__ = ["COLLECTIVE_ALIASES", "collective_op", "layout_spans", "metric_value", "new_span_id", "number",
-           "set_span_id_counter", "span_id_counter", "step_span"]
+           "set_span_id_counter", "span_id_counter", "SpanIds", "step_span", "using_span_ids"]
 
-_next_id = 1
+class SpanIds:
+    """The count that one ingest's span ids are made from (the compiled lane continues the same count).
+
+    Each :class:`ingest.Ingestor` owns one, so two ingests in one process share no state and
+    an ingest's ids depend only on its input. Parsers reach it through :func:`new_span_id`
+    while :func:`using_span_ids` has made it the current one.
+    """
+
+    __slots__ = ("next",)
+
+    def __init__(self, start: int = 1) -> None:
+        self.next = start
+
+    @classmethod
+    def for_inputs(cls, job: str, names: Iterable[str]) -> SpanIds:
+        """A count whose ids depend only on the job and the inputs' file names.
+
+        The same files ingested again give the same ids (so a repeated ingest repeats its lines
+        exactly), while other files ingested into the same job start 2**32 ids apart, in one of
+        65,536 places picked by a hash of the names, instead of all starting at 1 and colliding.
+        """
+        h = hashlib.blake2b(job.encode(), digest_size=2)
+        for name in sorted(os.path.basename(n) for n in names):
+            h.update(b"\0" + name.encode("utf-8", "surrogateescape"))
+        return cls(int.from_bytes(h.digest(), "big") << 32 | 1)
+
+    def new(self) -> str:
+        n = self.next
+        self.next = n + 1
+        return f"{0x6a74 << 48 | n:016x}"
+
+
+_current: ContextVar[SpanIds] = ContextVar("ingest_span_ids", default=SpanIds())  # noqa: B039 - one count for parsers called alone
+
+
+@contextmanager
+def using_span_ids(ids: SpanIds) -> Iterator[SpanIds]:
+    """Make ``ids`` the count :func:`new_span_id` uses (in this thread or task) until the block ends."""
+    token = _current.set(ids)
+    try:
+        yield ids
+    finally:
+        _current.reset(token)
 
 
 def new_span_id() -> str:
-    """A process-unique 64-bit span id (hex); ingested spans need only be unique within a job."""
-    global _next_id
-    n = _next_id
-    _next_id = n + 1
-    return f"{0x6a74 << 48 | n:016x}"
+    """A 64-bit span id (hex), unique within the current ingest (ingested spans need only be unique within a job)."""
+    return _current.get().new()
 
 
 def span_id_counter() -> int:
-    """The number the next span id is made from (the compiled lane continues the same count)."""
-    return _next_id
+    """The number the current count's next span id is made from."""
+    return _current.get().next
 
 
 def set_span_id_counter(n: int) -> None:
-    global _next_id
-    _next_id = n
+    _current.get().next = n
 
 
 def number(text: str) -> float | None:

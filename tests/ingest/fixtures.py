@@ -22,16 +22,16 @@ def megatron_iteration(iteration: int, *, train_iters: int = 1000, consumed: int
     when = when or T0
     fmt = '%Y-%m-%d %H:%M:%S.%f' if with_fraction else '%Y-%m-%d %H:%M:%S'
     log_string = f" [{when.strftime(fmt)}]"
-    log_string += ' iteration {:8d}/{:8d} |'.format(iteration, train_iters)
-    log_string += ' consumed samples: {:12d} |'.format(consumed)
-    log_string += ' elapsed time per iteration (ms): {:.1f} |'.format(elapsed_ms)
+    log_string += f' iteration {iteration:8d}/{train_iters:8d} |'
+    log_string += f' consumed samples: {consumed:12d} |'
+    log_string += f' elapsed time per iteration (ms): {elapsed_ms:.1f} |'
     if throughput is not None:
         log_string += f' throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |'
     log_string += f' learning rate: {lr:.6E} |'
     log_string += f' global batch size: {batch:5d} |'
     for key, avg in (losses if losses is not None else {"lm loss": 2.5}).items():
         if avg >= 0.0:  # training_log drops a NaN average (the comparison is False)
-            log_string += ' {}: {:.6E} |'.format(key, avg)
+            log_string += f' {key}: {avg:.6E} |'
     log_string += f' loss scale: {loss_scale:.1f} |'
     if grad_norm is not None:
         log_string += f' grad norm: {grad_norm:.3f} |'
@@ -39,8 +39,8 @@ def megatron_iteration(iteration: int, *, train_iters: int = 1000, consumed: int
         log_string += f' num zeros: {num_zeros} |'
     if params_norm is not None:
         log_string += f' params norm: {params_norm:.3f} |'
-    log_string += ' number of skipped iterations: {:3d} |'.format(skipped)
-    log_string += ' number of nan iterations: {:3d} |'.format(nan)
+    log_string += f' number of skipped iterations: {skipped:3d} |'
+    log_string += f' number of nan iterations: {nan:3d} |'
     return log_string
 
 
@@ -56,9 +56,9 @@ def megatron_timers_all(times: dict[str, dict[int, float]]) -> list[str]:
     """NVIDIA/Megatron-LM megatron/core/timers.py::Timers._get_all_ranks_time_string."""
     output_string = 'times across ranks (ms):'
     for name, per_rank in times.items():
-        output_string += '\n  {}:'.format(name)
+        output_string += f'\n  {name}:'
         for rank, t in sorted(per_rank.items()):
-            output_string += '\n     rank {:2d}: {:.2f}'.format(rank, t)
+            output_string += f'\n     rank {rank:2d}: {t:.2f}'
     return output_string.split("\n")
 
 
@@ -109,7 +109,7 @@ def deepspeed_logger(when: datetime, level: str, filename: str, lineno: int, fun
 
 def deepspeed_log_dist(rank: int, message: str) -> str:
     """microsoft/DeepSpeed deepspeed/utils/logging.py::log_dist."""
-    return "[Rank {}] {}".format(rank, message)
+    return f"[Rank {rank}] {message}"
 
 
 def deepspeed_progress(step: int, skipped: int, lr: list[float], mom: list[tuple[float, float]]) -> str:
@@ -119,17 +119,17 @@ def deepspeed_progress(step: int, skipped: int, lr: list[float], mom: list[tuple
 
 def deepspeed_timers(values: dict[str, float]) -> str:
     """microsoft/DeepSpeed deepspeed/utils/timer.py::SynchronizedWallClockTimer.log."""
-    string = f"time (ms)"
+    string = "time (ms)"
     for name, elapsed_time in values.items():
-        string += " | {}: {:.2f}".format(name, elapsed_time)
+        string += f" | {name}: {elapsed_time:.2f}"
     return string
 
 
 def deepspeed_throughput(epoch: int, micro: int, global_step: int, avg: float, curr: float, mem: float,
                          max_mem: float) -> str:
     """microsoft/DeepSpeed deepspeed/utils/timer.py::ThroughputTimer.stop."""
-    return ("epoch={}/micro_step={}/global_step={}, RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}, "
-            "MemAllocated={}GB, MaxMemAllocated={}GB".format(epoch, micro, global_step, avg, curr, mem, max_mem))
+    return (f"epoch={epoch}/micro_step={micro}/global_step={global_step}, RunningAvgSamplesPerSec={avg}, CurrSamplesPerSec={curr}, "
+            f"MemAllocated={mem}GB, MaxMemAllocated={max_mem}GB")
 
 
 def deepspeed_overflow(rank: int, cur_scale: float, next_scale: float) -> str:
@@ -173,15 +173,15 @@ def tqdm_meter(n: int, total: int, elapsed: float, rate: float | None, desc: str
     """tqdm/std.py::tqdm.format_meter (unit 'it', no unit_scale, ncols unknown → 10-char bar)."""
     unit = "it"
     inv_rate = 1 / rate if rate else None
-    rate_noinv_fmt = ('{0:5.2f}'.format(rate) if rate else '?') + unit + '/s'
-    rate_inv_fmt = ('{0:5.2f}'.format(inv_rate) if inv_rate else '?') + 's/' + unit
+    rate_noinv_fmt = (f'{rate:5.2f}' if rate else '?') + unit + '/s'
+    rate_inv_fmt = (f'{inv_rate:5.2f}' if inv_rate else '?') + 's/' + unit
     rate_fmt = rate_inv_fmt if inv_rate and inv_rate > 1 else rate_noinv_fmt
     remaining = (total - n) / rate if rate and total else 0
     remaining_str = _format_interval(remaining) if rate else '?'
     l_bar = (desc + ": ") if desc else ''
     r_bar = '| {0}/{1} [{2}<{3}, {4}{5}]'.format(n, total, _format_interval(elapsed), remaining_str, rate_fmt, '')
     frac = n / total
-    l_bar += '{0:3.0f}%|'.format(frac * 100)
+    l_bar += f'{frac * 100:3.0f}%|'
     filled = int(frac * 10)
     bar = "█" * filled + " " * (10 - filled)
     return l_bar + bar + r_bar

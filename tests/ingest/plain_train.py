@@ -51,7 +51,7 @@ for step in range(args.steps):
         off += q.numel()
     opt.step()
     t5 = time.perf_counter()
-    ms = lambda a, b: (b - a) * 1000  # noqa: E731
+    ms = lambda a, b: (b - a) * 1000
     log.info("step %d loss %.4f lr %g grad_norm %.3f time %.1fms (data %.1fms forward %.1fms backward %.1fms "
              "allreduce %.1fms optimizer %.1fms)", step, float(loss), 0.01, float(grads.norm()), ms(t0, t5),
              ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t3, t4), ms(t4, t5))

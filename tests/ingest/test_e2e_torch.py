@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 
-from ingest import IngestConfig, Ingestor, open_sink  # noqa: E402
-from queries import analyze, load_local  # noqa: E402
-from tests.conftest import python_env  # noqa: E402
+from ingest import IngestConfig, Ingestor, open_sink
+from queries import analyze, load_local
+from tests.conftest import python_env
 
 pytestmark = pytest.mark.torchjob
 SCRIPT = Path(__file__).with_name("plain_train.py")

@@ -241,7 +241,7 @@ def test_per_rank_files_share_one_compiled_lane(tmp_path, monkeypatch):
     compiled: list[str] = []
     real = ingest._engine.new_lane
 
-    def counted(mode, *args):  # noqa: ANN001, ANN202
+    def counted(mode, *args):
         compiled.append(mode)
         return real(mode, *args)
 
@@ -265,8 +265,7 @@ def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
     """A user's parser whose trigger needs no literal of two bytes (it matches nearly anywhere): the lane finds
     trigger lines with the triggers themselves, gives that parser's lines back, and writes what Python writes."""
     from ingest import IngestConfig, Ingestor, MemorySink
-    from ingest.parsers import builtin_registry
-    from ingest.parsers import _util
+    from ingest.parsers import _util, builtin_registry
 
     class Speedup:
         name = "speedup"
@@ -286,7 +285,7 @@ def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
         sinks: dict = {}
         _util.set_span_id_counter(1)
         ing = Ingestor(IngestConfig(job="own", native=native),
-                       lambda n, r: sinks.setdefault((n, r), MemorySink()), reg)
+                       lambda n, r, sinks=sinks: sinks.setdefault((n, r), MemorySink()), reg)
         if native:
             lane = ing._new_lane("srun")
             if lane is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import orjson
 import pytest
 
 from tests.ingest import fixtures as fx
@@ -279,3 +280,30 @@ def test_a_text_log_that_starts_with_the_gzip_magic_is_read_as_text(ingest_files
     summary, cap = ingest_files({"odd.log": b"\x1f\x8bnot gzip at all\nsecond line\n"})
     assert summary.lines == 2 and summary.errors == []
     assert [e["msg"] for e in cap.events if e["kind"] == "log"][-1] == "second line"
+
+
+def test_span_ids_are_counted_per_ingest(tmp_path):
+    """Two ingests in one process share no span-id count: the same input gives the same ids."""
+    from ingest import IngestConfig, Ingestor, MemorySink
+
+    path = tmp_path / "steps.log"
+    path.write_text("".join(f"step {n} loss 2.5 time 30ms\n" for n in range(1, 4)))
+    runs = []
+    for native in (False, None, False):
+        sinks: dict = {}
+        Ingestor(IngestConfig(job="ids", native=native), lambda n, r, sinks=sinks: sinks.setdefault((n, r), MemorySink())
+                 ).run([str(path)])
+        runs.append({k: list(v.lines) for k, v in sinks.items()})
+    assert b'"span_id"' in b"".join(runs[0][next(iter(runs[0]))])
+    assert runs[0] == runs[1] == runs[2]
+    # Another file ingested into the same job gets ids of its own, not the first file's again.
+    other = tmp_path / "more-steps.log"
+    other.write_text(path.read_text())
+    sinks = {}
+    Ingestor(IngestConfig(job="ids"), lambda n, r: sinks.setdefault((n, r), MemorySink())).run([str(other)])
+
+    def ids(run):
+        return {orjson.loads(x)["span_id"] for lines in run.values() for x in lines if b'"span_id"' in x}
+
+    first, second = ids(runs[0]), ids({k: list(v.lines) for k, v in sinks.items()})
+    assert first and second and not first & second

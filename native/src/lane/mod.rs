@@ -143,6 +143,27 @@ type Moment = (Option<u32>, i64, i64);
 /// A line to give back: its start and end in the block, `srun` label, and the parsers its triggers name.
 type GivenBack = (usize, usize, Option<u32>, Ids);
 
+/// A stream's state as Python hands it to the lane (`ingest._lane.LaneStream`), read by field name: its
+/// `srun` label, its output (`None` while Python has made none), clock offset, encoded identity, last time,
+/// whether Python holds a multi-line block or pending lines of it, the file's mtime, the parsers' state
+/// dicts, the last head layout read, and whether its rank is a guess.
+#[derive(FromPyObject)]
+pub struct LaneStream {
+    label: Option<u32>,
+    out: Option<usize>,
+    offset: i64,
+    ident: Py<PyBytes>,
+    last_ts: Option<i64>,
+    busy: bool,
+    mtime_ns: Option<i64>,
+    generic_state: Py<PyDict>,
+    deepspeed_state: Py<PyDict>,
+    megatron_state: Py<PyDict>,
+    huggingface_state: Py<PyDict>,
+    last_layout: Option<String>,
+    rank_guessed: bool,
+}
+
 #[pymethods]
 impl FastLane {
     /// `triggers[i]` are parser `i`'s trigger patterns (registry order); `role` is the
@@ -175,25 +196,14 @@ impl FastLane {
     }
 
     /// Take over (again) the stream of an `srun` label (`None`: lines without one), after Python read a line of
-    /// it: its output (`None` while Python has made none), last time, and whether Python holds a multi-line
-    /// block or pending lines of it. The lane then holds nothing of the stream (Python has its state).
-    #[allow(clippy::too_many_arguments)]
-    fn add_stream(
-        &mut self,
-        label: Option<u32>,
-        out: Option<usize>,
-        offset: i64,
-        ident: &[u8],
-        last_ts: Option<i64>,
-        busy: bool,
-        mtime_ns: Option<i64>,
-        generic_state: Py<PyDict>,
-        deepspeed_state: Py<PyDict>,
-        megatron_state: Py<PyDict>,
-        huggingface_state: Py<PyDict>,
-        last_layout: Option<String>,
-        rank_guessed: bool,
-    ) {
+    /// it, with Python's state of it (a [`LaneStream`]). The lane then holds nothing of the stream (Python has
+    /// its state).
+    fn add_stream(&mut self, py: Python<'_>, stream: LaneStream) {
+        let LaneStream {
+            label, out, offset, ident, last_ts, busy, mtime_ns, generic_state, deepspeed_state, megatron_state,
+            huggingface_state, last_layout, rank_guessed,
+        } = stream;
+        let ident = ident.as_bytes(py);
         let s = Stream {
             out,
             offset,
