@@ -317,7 +317,7 @@ def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[
 
 
 def _imposed_wait(con: DuckDBPyConnection, ranks: list[int], steps: list[int]) -> float | None:
-    """Share of the ranks' extra compute that the other ranks spend waiting in collectives, over ``steps``.
+    """Share of the ranks' extra compute that the other ranks spend waiting in collectives, per step of ``steps``.
 
     A straggler's extra compute reappears as the others' extra collective wait (1.0: all of it);
     a rank that is merely slower, and waits less itself, imposes nothing (about 0). ``None`` when
@@ -334,11 +334,14 @@ def _imposed_wait(con: DuckDBPyConnection, ranks: list[int], steps: list[int]) -
                            median(coll_ns) FILTER (WHERE NOT member) - median(coll_ns) FILTER (WHERE member) AS imposed,
                            count(coll_ns) AS n_coll
                     FROM s GROUP BY step)
-            SELECT sum(excess) AS excess, sum(imposed) AS imposed, sum(n_coll) AS n_coll FROM per""",
+            SELECT median(imposed / excess) FILTER (WHERE excess > 0 AND imposed IS NOT NULL) AS share,
+                   sum(n_coll) AS n_coll FROM per""",
     )[0]
-    if not out["n_coll"] or out["imposed"] is None or not out["excess"] or out["excess"] <= 0:
+    # The median step, not the sum: one step whose collective waited on something else (the first
+    # step's broadcast while other ranks still start up, a hang's last collective) must not decide.
+    if not out["n_coll"] or out["share"] is None:
         return None
-    return float(out["imposed"]) / float(out["excess"])
+    return float(out["share"])
 
 
 def _onset(slow_steps: list[int], window_start: int, cfg: AnalysisConfig) -> int:
