@@ -37,7 +37,7 @@ from . import _align
 from ._align import ClockOffset, SyncMoments, offsets_from_medians
 from ._chunks import ChunkReader
 from ._lane import lane_module, lane_stream, new_lane
-from ._match import Matcher, make_matcher, matcher_engine
+from ._match import NO_HITS, Matcher, hit_lines, make_matcher, matcher_engine
 from ._output import UNKNOWN_NODE, Output
 from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
 from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
@@ -469,7 +469,7 @@ class Ingestor:
         if hits is not None:
             if not hits:
                 return
-            lines: Iterable[tuple[bytes, frozenset[int] | None]] = _hit_lines(block, hits)
+            lines: Iterable[tuple[bytes, frozenset[int] | None]] = hit_lines(block, hits)
         else:
             lines = ((raw, None) for raw in block.split(b"\n"))
         self._sync_lines(src, lines, streams, points)
@@ -570,9 +570,9 @@ class Ingestor:
         hits = self._matcher.scan(block)
         if hits is not None:
             if not hits:
-                it: Iterable[tuple[bytes, frozenset[int] | None]] = ((raw, _EMPTY) for raw in block.split(b"\n"))
+                it: Iterable[tuple[bytes, frozenset[int] | None]] = ((raw, NO_HITS) for raw in block.split(b"\n"))
             else:
-                it = _hit_lines(block, hits, all_lines=True)
+                it = hit_lines(block, hits, all_lines=True)
         else:
             it = ((raw, None) for raw in block.split(b"\n"))
         self._lines(src, it, truncated)
@@ -910,7 +910,6 @@ class Ingestor:
 
 
 
-_EMPTY: Final = frozenset[int]()
 _SRUN_LABEL: Final = re.compile(rb" *(\d{1,6}): ")
 _ELSEWHERE: Final = -1
 """The lane label of a line whose stream the lane never holds (a torchrun prefix with a local rank or a role)."""
@@ -941,53 +940,6 @@ def _has_log(events: list[dict[str, Any]]) -> bool:
         if ev.get("kind") == "log":
             return True
     return False
-
-
-def _hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = False
-               ) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones).
-
-    A hit belongs to the line whose end (its newline, or the end of the block) is the
-    first at or after the hit's end offset. All lines come as a ``zip`` of the split
-    block and a list of id sets (empty for most), so that the per-line loop pays no
-    generator step.
-    """
-    if not all_lines:
-        return _only_hit_lines(block, hits)
-    lines = block.split(b"\n")
-    ids: list[frozenset[int] | None] = [_EMPTY] * len(lines)
-    for index, found in _ids_by_line(block, hits):
-        ids[index] = found
-    return zip(lines, ids)
-
-
-def _hit_spans(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, int, frozenset[int]]]:
-    """``(start, stop, parser ids)`` of each line that hits end in, in order."""
-    i, nh = 0, len(hits)
-    while i < nh:
-        end = hits[i][0]
-        start = block.rfind(b"\n", 0, end) + 1  # the line that holds offset ``end``
-        stop = block.find(b"\n", end)
-        if stop < 0:
-            stop = len(block)
-        found: set[int] = set()
-        while i < nh and hits[i][0] <= stop:
-            found.add(hits[i][1])
-            i += 1
-        yield start, stop, frozenset(found)
-
-
-def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
-    """``(line index, parser ids)`` of the lines that hits end in, in order."""
-    index = pos = 0  # ``pos``: where the line numbered ``index`` starts
-    for start, _, found in _hit_spans(block, hits):
-        index += block.count(b"\n", pos, start)
-        pos = start
-        yield index, found
-
-
-def _only_hit_lines(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    return ((block[start:stop], found) for start, stop, found in _hit_spans(block, hits))
 
 
 _DEFAULT: ParserRegistry | None = None
