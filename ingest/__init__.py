@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ._align import ClockOffset, estimate_offsets
 from ._allocator import keep_freed_memory
-from ._engine import IngestConfig, Ingestor, IngestSummary, default_registry, register_parser
+from ._context import IngestConfig, IngestSummary
+from ._engine import Ingestor, default_registry, register_parser
 from ._sinks import SINK_KINDS, MemorySink, open_sink
 from ._timestamps import parse_timestamp
 from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState

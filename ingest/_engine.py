@@ -17,132 +17,41 @@ Constraints that shape it:
 * Clocks: timestamps are converted to UTC at parse time; with alignment on, a first
   quick pass reads only the lines that mark moments shared by all ranks (step ends),
   estimates each node's clock offset, and the second pass writes corrected times.
+
+The engine itself only opens, reads, drains, follows and closes the inputs, and picks
+the reader of each block. Its parts: the stream router (:mod:`._router`: which stream a
+line belongs to and what it becomes), the lane driver (:class:`~._lane.LaneDriver`: the
+compiled lane, whose given-back lines go through the same router), and the alignment
+pass (:mod:`._align_pass`). They share one :class:`~._context.IngestContext` rather
+than each other's attributes.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Final
-
-import orjson
+from collections.abc import Iterable
 
 from jobtrace.identity import trace_id_for_job
 
-from . import _align
-from ._align import ClockOffset, SyncMoments, offsets_from_medians
-from ._chunks import ChunkReader
-from ._lane import lane_module, lane_stream, new_lane
-from ._match import Matcher, make_matcher, matcher_engine
-from ._output import UNKNOWN_NODE, Output
-from ._plain import PlainLines, frac_ns, level_bytes, level_name, msg_json
-from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
+from ._align import offsets_from_medians
+from ._align_pass import AlignPass
+from ._context import IngestConfig, IngestContext, IngestSummary, ProgressFn
+from ._lane import LaneDriver, lane_module
+from ._match import matcher_engine
+from ._output import Output
+from ._plain import PlainLines
+from ._prefix import detect_mode
+from ._router import StreamRouter
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
-from ._streams import Src, Stream
-from ._timestamps import Head, HeadParser, TzSpec, parse_tz
-from ._types import (
-    FEED_DONE,
-    FEED_MORE,
-    FEED_REJECT,
-    Line,
-    Parser,
-    ParserRegistry,
-    Skip,
-    StreamState,
-    TakesZone,
-    sync_parser,
-)
+from ._streams import Src
+from ._timestamps import TzSpec, parse_tz
+from ._types import Parser, ParserRegistry, TakesZone
 from .parsers._util import SpanIds, using_span_ids
 
-__all__ = ["IngestConfig", "IngestSummary", "Ingestor"]
-
-_DUMPS = orjson.dumps
-_LEVEL_BYTES: Final = {None: b"INFO", "INFO": b"INFO", "WARNING": b"WARNING", "ERROR": b"ERROR", "DEBUG": b"DEBUG",
-                       "CRITICAL": b"CRITICAL"}
-
-
-@dataclass(frozen=True)
-class IngestConfig:
-    """How to read the logs. Durations in seconds, sizes in bytes.
-
-    Args:
-        job: the job id every event gets (its trace id derives from it).
-        tz: zone of timestamps that carry none: ``UTC`` (default), ``local``, ``+HH:MM`` or an IANA name.
-        year: year for formats without one (glog, c10); default: from the stream's dated lines, else now.
-        align: estimate and correct clock offsets between nodes (needs step ends logged by several nodes).
-        follow: keep reading files as they grow (a running job) until ``idle_exit_s`` without new data
-            (``None``: until interrupted).
-        rank_from_filename: regex with groups ``rank``/``node``/``local_rank`` (or one group = rank).
-        node, rank, world_size: force identity when the logs do not say.
-        use_hyperscan: ``None`` = when installed.
-        plain_fast_path: write strict plain log lines straight from bytes (see :mod:`._plain`); off only to
-            compare with the general path.
-        native: read the common lines with the compiled fast lane (see :mod:`._lane`): ``None`` = when
-            installed, ``False`` = never (the reference), ``True`` = required.
-    """
-
-    job: str
-    tz: str = "UTC"
-    year: int | None = None
-    align: bool = True
-    follow: bool = False
-    idle_exit_s: float | None = None
-    poll_s: float = 0.5
-    rank_from_filename: str | None = None
-    node: str | None = None
-    rank: int | None = None
-    world_size: int | None = None
-    chunk_bytes: int = 1 << 20  # read size; measured: 1 MiB beats 4 MiB (each fresh megabyte costs its pages)
-    max_line_bytes: int = 1 << 20
-    max_msg_chars: int = 64 * 1024
-    pending_cap: int = 10_000
-    batch_lines: int = 4096
-    use_hyperscan: bool | None = None
-    plain_fast_path: bool = True
-    native: bool | None = None
-
-
-@dataclass
-class IngestSummary:
-    """What an ingest read and produced; ``lines == parsed + sum(skipped.values())``."""
-
-    job: str
-    files: list[str] = field(default_factory=list)
-    bytes_read: int = 0
-    lines: int = 0
-    parsed: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    events: dict[str, int] = field(default_factory=dict)
-    lines_by_parser: dict[str, int] = field(default_factory=dict)
-    parser_errors: dict[str, int] = field(default_factory=dict)
-    truncated_lines: int = 0
-    estimated_ts: int = 0
-    streams: list[dict[str, Any]] = field(default_factory=list)
-    clock_offsets: list[ClockOffset] = field(default_factory=list)
-    alignment_residual_ms: float | None = None
-    matcher: str = ""
-    fast_lane: bool = False
-    seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["skipped_total"] = self.skipped_total
-        d["lines_per_s"] = round(self.lines / self.seconds) if self.seconds > 0 else None
-        return d
-
-
-ProgressFn = Callable[[int, int, int, int], None]
-"""``(bytes_read, bytes_total, lines, events)``, called after every chunk."""
+__all__ = ["IngestConfig", "IngestSummary", "Ingestor", "default_registry", "register_parser"]
 
 
 class Ingestor:
@@ -167,24 +76,18 @@ class Ingestor:
         for p in self._parsers:
             if isinstance(p, TakesZone):
                 p.tz = self._tz
-        # The trigger matchers are compiled when first used: the fast lane matches triggers itself.
-        self._triggers = [tuple(p.triggers) for p in self._parsers]
-        self._sync_parsers = [sync_parser(p) for p in self._parsers]  # None: not a source of moments
-        self._sync_triggers = [tuple(p.triggers) if sp is not None else () for p, sp in zip(self._parsers,
-                                                                                           self._sync_parsers)]
-        if config.use_hyperscan:
-            self._matcher  # noqa: B018 - required: say now, not mid-ingest, that Hyperscan is missing
-        self._lanes: dict[str, Any] = {}  # the first lane made for each prefix mode (see _new_lane)
-        self._sync_ids = frozenset(i for i, sp in enumerate(self._sync_parsers) if sp is not None)
         self._rank_rx = re.compile(config.rank_from_filename) if config.rank_from_filename else None
         self._trace = trace_id_for_job(config.job)
-        self._used_ranks: set[int] = set()
-        self._next_guess = 0
-        self._offsets: dict[str, ClockOffset] = {}
         self.summary = IngestSummary(job=config.job, matcher=matcher_engine(config.use_hyperscan))
-        # where events go; its ``moments``: SyncMoments or the lane's MomentStore (see _new_moments)
+        # where events go; its ``moments``: SyncMoments or the lane's MomentStore (see ._align_pass)
         self._output = Output(config.job, self._trace, sink_factory, config.world_size, config.max_msg_chars,
                               config.pending_cap, self.summary)
+        # this ingest's count of span ids, shared by its parsers and its lanes
+        self._ctx = IngestContext(config, self.summary, self._output, self._parsers, self._tz, self._plain, SpanIds())
+        self._span_ids = self._ctx.span_ids
+        self._router = StreamRouter(self._ctx)
+        if config.use_hyperscan:
+            self._router.matcher  # noqa: B018 - required: say now, not mid-ingest, that Hyperscan is missing
         built = lane_module() is not None
         if config.native and not built:
             from jobtrace.errors import ConfigError
@@ -192,18 +95,10 @@ class Ingestor:
             raise ConfigError("the compiled ingest lane is not installed: install the package again with a Rust "
                               "toolchain (cargo) on PATH")
         self._use_lane = config.native is not False and built
-        self._n_log = 0
+        self._lanes = LaneDriver(self._ctx, self._router, self._use_lane)
+        self._alignment = AlignPass(self._ctx, self._lanes, self._file_identity)
         self._bytes_total = 0
         self._stop = False
-        self._span_ids = SpanIds()  # this ingest's count of span ids, shared by its parsers and its lanes
-
-    @functools.cached_property
-    def _matcher(self) -> Matcher:
-        return make_matcher(self._triggers, self.cfg.use_hyperscan)
-
-    @functools.cached_property
-    def _sync_matcher(self) -> Matcher:
-        return make_matcher(self._sync_triggers, self.cfg.use_hyperscan)
 
     # ---- public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -231,7 +126,7 @@ class Ingestor:
         self._bytes_total = sum(s.size for s in sources)
         try:
             if self.cfg.align and len(sources) > 0:
-                self._align_pass(sources)
+                self._alignment.run(sources)
             srcs = [Src(s, i, self._file_identity(s), self.cfg.max_line_bytes) for i, s in enumerate(sources)]
             for src in srcs:
                 self._open(src)
@@ -250,17 +145,18 @@ class Ingestor:
                 except OSError:
                     pass
         s = self.summary
-        if "_matcher" in self.__dict__:  # compiled: the engine it really uses (a fallback to re included)
-            s.matcher = self._matcher.engine
+        engine = self._router.compiled_engine
+        if engine is not None:  # compiled: the engine it really uses (a fallback to re included)
+            s.matcher = engine
         s.events = dict(self._output.events)
-        if self._n_log:
-            s.events["log"] = s.events.get("log", 0) + self._n_log
+        if self._ctx.n_log:
+            s.events["log"] = s.events.get("log", 0) + self._ctx.n_log
         s.seconds = time.perf_counter() - t0
         s.streams = sorted(s.streams, key=lambda d: (d["rank"], d["node"], d["source"]))
         if self._output.moments:
             residual = offsets_from_medians(self._output.moments.medians())
             applied = [abs(o.offset_ms) for o in residual.values() if o.applied]
-            if applied and any(o.applied for o in self._offsets.values()):
+            if applied and any(o.applied for o in self._ctx.offsets.values()):
                 s.alignment_residual_ms = round(max(applied), 3)
         return s
 
@@ -270,46 +166,6 @@ class Ingestor:
             return FileIdentity()
         return identity_from_name(source.path, self._rank_rx)
 
-    def _stream(self, src: Src, pfx: Prefix | None) -> Stream:
-        cfg = self.cfg
-        ident = src.ident
-        host = pfx.host if pfx else None
-        node = cfg.node or host or ident.node or UNKNOWN_NODE
-        rank = pfx.rank if pfx and pfx.rank is not None else None
-        local = pfx.local_rank if pfx else None
-        guessed = False
-        if rank is None and local is not None and host is None and ident.node is None and ident.rank is None:
-            rank = local
-        if rank is None and local is None:
-            rank = ident.rank
-        if rank is None and cfg.rank is not None and not src.streams:
-            rank = cfg.rank
-        if rank is None:
-            while self._next_guess in self._used_ranks:
-                self._next_guess += 1
-            rank = self._next_guess
-            self._next_guess += 1
-            guessed = True
-        if local is None:
-            local = ident.local_rank if ident.local_rank is not None else rank
-        self._used_ranks.add(rank)
-        self._output.max_rank = max(self._output.max_rank, rank)
-        if not guessed:
-            self._output.rank_nodes.setdefault(rank, node)
-        key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
-                                         f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
-        domain = node if node != UNKNOWN_NODE else key
-        state = StreamState(key, node, rank, local, guessed)
-        stream = Stream(state, HeadParser(self._tz, src.default_day, self.cfg.year), domain, src)
-        off = self._offsets.get(domain)
-        if off is not None and off.applied:
-            stream.offset = -off.offset_ns
-        src.streams[pfx] = stream
-        self.summary.streams.append({"source": src.source.display, "node": node, "rank": rank, "local_rank": local,
-                                     "rank_guessed": guessed, "domain": domain})
-        return stream
-
-    # ---- reading ----------------------------------------------------------------
     def _open(self, src: Src) -> None:
         try:
             src.fh = src.source.open()
@@ -322,21 +178,10 @@ class Ingestor:
         tail = src.reader.finish()
         if tail is not None:
             self._block(src, tail[0], last=True, truncated=tail[3])
-        if src.lane is not None:  # lines still waiting for a time: written by the lane where it can, else Python's
-            # Only while no other stream writes at the end (its pending lines, its open block) and every
-            # stream has its output (one without gets it only now, maybe one another stream writes to): where
-            # two streams share an output, their last lines go out in the order Python releases them.
-            held = {id(st) for st in src.lane_streams.values()}
-            outs = [id(st.out) for st in src.streams.values() if st.out is not None]
-            if len(outs) == len(src.streams) == len(set(outs)) and not any(
-                    st.pending or st.block is not None for st in src.streams.values() if id(st) not in held):
-                src.lane.release_all()
-                self._lane_drain(src)
-            for label in list(src.lane_streams):
-                self._lane_export(src, label)
-            src.lane, src.lane_streams = None, {}
+        if src.lane is not None:
+            self._lanes.close(src)
         for stream in src.streams.values():
-            self._end_block(stream)
+            self._router.end_block(stream)
             self._output.release_pending(stream, final=True)
         if src.fh is not None and not src.source.is_stdin:
             try:
@@ -367,7 +212,7 @@ class Ingestor:
             self._output.flush()
             if self._progress is not None:
                 self._progress(self.summary.bytes_read, self._bytes_total, self.summary.lines,
-                               self._n_log + sum(self._output.events.values()))
+                               self._ctx.n_log + sum(self._output.events.values()))
         return got
 
     def _feed(self, src: Src, data: bytes) -> None:
@@ -378,7 +223,7 @@ class Ingestor:
             if truncated:
                 self._block(src, buf[begin:end], last=True, truncated=True)
             elif src.lane is not None:
-                self._lane_block(src, buf, begin, end)
+                self._lanes.block(src, buf, begin, end)
             else:
                 self._block(src, buf if begin == 0 and end == len(buf) else buf[begin:end], last=False)
 
@@ -410,584 +255,28 @@ class Ingestor:
                 continue
             for src in srcs:  # nothing new: close blocks and release lines waiting for a timestamp
                 for stream in src.streams.values():
-                    self._end_block(stream)
+                    self._router.end_block(stream)
             self._output.flush()
             if self.cfg.idle_exit_s is not None and now - idle_since >= self.cfg.idle_exit_s:
                 return
             time.sleep(self.cfg.poll_s)
 
-    # ---- alignment pass ---------------------------------------------------------------
-    def _new_moments(self) -> Any:
-        """Where the moments go: the lane's compiled store (it adds its moments there itself) or ``SyncMoments``."""
-        native = lane_module()
-        return native.MomentStore(_align.MAX_MOMENTS) if self._use_lane and native is not None else SyncMoments()
-
-    def _align_pass(self, sources: list[Source]) -> None:
-        points = self._new_moments()
-        for i, source in enumerate(sources):
-            if source.is_stdin:
-                continue
-            src = Src(source, i, self._file_identity(source), self.cfg.max_line_bytes)
-            try:
-                fh = source.open()
-            except Exception:  # noqa: BLE001 - the main pass reports it
-                continue
-            streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]] = {}
-            reader = ChunkReader(self.cfg.max_line_bytes)
-            try:
-                while True:
-                    data = fh.read(self.cfg.chunk_bytes)
-                    if not data:
-                        break
-                    for buf, begin, end, _ in reader.feed(data):
-                        self._sync_block(src, buf, streams, points, begin, end)
-                tail = reader.finish()
-                if tail is not None and tail[0]:
-                    self._sync_block(src, tail[0], streams, points)
-            except (OSError, EOFError, ValueError):
-                pass
-            finally:
-                fh.close()
-        self._offsets = offsets_from_medians(points.medians())
-        self.summary.clock_offsets = sorted(self._offsets.values(), key=lambda o: o.domain)
-        self._output.moments = self._new_moments()
-
-    def _sync_block(self, src: Src, block: bytes, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
-                    points: Any, begin: int = 0, end: int | None = None) -> None:
-        """The moments of the lines of ``block[begin:end]``."""
-        end = len(block) if end is None else end
-        if src.mode is None:
-            src.mode = detect_mode(block[begin:begin + 65536].decode("utf-8", "replace").split("\n")[:200])
-            if self._use_lane:
-                src.lane = self._new_lane(src.mode)
-        if src.lane is not None:
-            self._sync_lane(src, block, begin, end, streams, points)
-            return
-        if begin or end != len(block):
-            block = block[begin:end]
-        hits = self._sync_matcher.scan(block)
-        if hits is not None:
-            if not hits:
-                return
-            lines: Iterable[tuple[bytes, frozenset[int] | None]] = _hit_lines(block, hits)
-        else:
-            lines = ((raw, None) for raw in block.split(b"\n"))
-        self._sync_lines(src, lines, streams, points)
-
-    def _sync_lane(self, src: Src, block: bytes, begin: int, end: int,
-                   streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: Any) -> None:
-        """The lane adds the moments of ``block[begin:end]`` to ``points``; the lines it gives back are read here,
-        in order."""
-        pos = begin
-        while True:
-            stop = src.lane.sync_run(block, begin, pos, end, points)
-            if stop is None:
-                return
-            start, stop_end, label, ids, head = stop
-            if ids is None:  # a label the lane has not met: its clock domain, then the lane reads on
-                domain = self._sync_stream(src, streams, _label_prefix(label))[2]
-                src.lane.set_domain(label, points.domain_id(domain), True)
-                pos = start
-                continue
-            if head is not None:  # the heads the lane read since: as the Python path notes them
-                self._sync_stream(src, streams, _label_prefix(label))[1].note_layout(*head)
-            self._sync_lines(src, ((block[start:stop_end], frozenset(ids)),), streams, points)
-            entry = streams.get(_label_prefix(label))
-            src.lane.sync_layout(label, entry[1].last_layout if entry is not None else None)
-            if stop_end >= end:
-                return
-            pos = stop_end + 1
-
-    def _sync_stream(self, src: Src, streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]],
-                     pfx: Prefix | None) -> tuple[StreamState, HeadParser, str]:
-        entry = streams.get(pfx)
-        if entry is None:
-            node = self.cfg.node or (pfx.host if pfx else None) or src.ident.node or UNKNOWN_NODE
-            key = f"{src.source.display}" + (f"[{pfx.host or ''}:{pfx.rank if pfx.rank is not None else ''}:"
-                                             f"{pfx.local_rank if pfx.local_rank is not None else ''}]" if pfx else "")
-            entry = streams[pfx] = (StreamState(key, node, -1, -1, True),
-                                    HeadParser(self._tz, src.default_day, self.cfg.year),
-                                    node if node != UNKNOWN_NODE else key)
-        return entry
-
-    def _sync_lines(self, src: Src, lines: Iterable[tuple[bytes, frozenset[int] | None]],
-                    streams: dict[Prefix | None, tuple[StreamState, HeadParser, str]], points: Any) -> None:
-        mode = src.mode or PrefixMode.NONE
-        plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
-        for raw, ids in lines:
-            if not raw or b"\x00" in raw:
-                continue
-            m = plain.match(raw) if plain is not None else None
-            stamp = self._plain.stamp(m.group(2), m.group(3)) if m is not None else None
-            if m is not None and stamp is not None:  # a strict line: prefix and head read at once (see _plain)
-                label = m.group(1)
-                pfx = make_prefix(None, int(label), None, None) if label else None
-                text = raw[m.start(2):].decode("utf-8", "replace")
-            else:
-                text = raw.decode("utf-8", "replace")
-                pfx, text = (split_prefix(text, mode) if (mode != PrefixMode.NONE or text[:1] == "[")
-                             else (None, text))
-            if ids is None:
-                ids = self._sync_matcher.line(text)
-                if not ids:
-                    continue
-            state, headp, domain = self._sync_stream(src, streams, pfx)
-            if m is not None and stamp is not None:
-                headp.note_iso(stamp[1])
-                ts = stamp[0] + frac_ns(m.group(4))
-                body = text[m.end() - m.start(2):]
-            else:
-                head = headp.parse(text)
-                if head is None or head.ts is None:
-                    continue
-                ts = head.ts
-                body = text[head.body_at:]
-            for i in sorted(ids):
-                parser = self._sync_parsers[i]
-                if parser is None:
-                    continue
-                try:
-                    step = parser.sync_step(body)
-                except Exception:  # noqa: BLE001 - counted in the main pass
-                    continue
-                if step is not None:
-                    points.add(domain, step, ts)
-                    break
-
     # ---- the main pass ----------------------------------------------------------------
     def _block(self, src: Src, block: bytes, last: bool, truncated: bool = False) -> None:
+        """Read a block of whole lines: the file's prefix mode (and lane) from its first, then to its lane, if it
+        has one, else to the router."""
         if src.mode is None:
             src.mode = detect_mode(block[:65536].decode("utf-8", "replace").split("\n")[:200])
             if self._use_lane:
-                src.lane = self._new_lane(src.mode)
+                src.lane = self._lanes.new_lane(src.mode)
                 self.summary.fast_lane = self.summary.fast_lane or src.lane is not None
         if src.lane is not None:
             if truncated:
-                self._lane_give_back(src, block, None, True)
+                self._lanes.give_back(src, block, None, True)
             else:
-                self._lane_block(src, block)
+                self._lanes.block(src, block)
             return
-        hits = self._matcher.scan(block)
-        if hits is not None:
-            if not hits:
-                it: Iterable[tuple[bytes, frozenset[int] | None]] = ((raw, _EMPTY) for raw in block.split(b"\n"))
-            else:
-                it = _hit_lines(block, hits, all_lines=True)
-        else:
-            it = ((raw, None) for raw in block.split(b"\n"))
-        self._lines(src, it, truncated)
-
-    # ---- the compiled fast lane (see ._lane) --------------------------------------------
-    def _new_lane(self, mode: str) -> Any:
-        """A lane for one file (in each pass); its compiled triggers are shared with the other files' lanes (compiling
-        them costs milliseconds, and a job's logs are often one file per rank)."""
-        first = self._lanes.get(mode)
-        if first is not None:
-            return first.fresh()
-        lane = new_lane(mode, self._tz, self._parsers, self.cfg.max_msg_chars, self.cfg.pending_cap, self._sync_ids)
-        if lane is not None:
-            self._lanes[mode] = lane
-        return lane
-
-    def _lane_block(self, src: Src, data: bytes, begin: int = 0, end: int | None = None) -> None:
-        """The lane reads the lines of ``data[begin:end]`` (no copy of them); each line it gives back is read
-        here, in order, with its stream's state."""
-        lane = src.lane
-        end = len(data) if end is None else end
-        pos = begin
-        while True:
-            lane.next_span_id = self._span_ids.next  # one count of span ids, whichever engine makes them
-            stop = lane.run(data, begin, pos, end)
-            self._span_ids.next = lane.next_span_id
-            self._lane_drain(src)
-            if stop is None:
-                return
-            start, stop_end, label, ids = stop
-            self._lane_give_back(src, data[start:stop_end], frozenset(ids), False, label)
-            if stop_end >= end:
-                return
-            pos = stop_end + 1
-
-    def _lane_give_back(self, src: Src, raw: bytes, ids: frozenset[int] | None, truncated: bool,
-                        label: int | None = None) -> None:
-        if ids is None:  # a cut line: its label as the lane would read it
-            m = _SRUN_LABEL.match(raw) if src.mode == PrefixMode.SRUN else None
-            label = int(m.group(1)) if m else None
-        label = _stream_label(src.mode, raw, label)
-        if label is _ELSEWHERE:  # a stream the lane never holds
-            self._lines(src, ((raw, ids),), truncated)
-            return
-        if label in src.lane_streams:
-            self._lane_export(src, label)
-        self._lines(src, ((raw, ids),), truncated)
-        stream = src.lane_streams.get(label)
-        if stream is None:
-            stream = src.streams.get(_label_prefix(label))
-            if stream is None:
-                return
-            src.lane_streams[label] = stream
-        # The lane takes the stream (back) with Python's state of it. Until Python has made its output
-        # (which fixes the world size written in its events), the lane takes only lines that wait for a time.
-        out = stream.out
-        if out is not None and out.chunked:
-            src.lane.chunked_output(out.index)
-        src.lane.add_stream(lane_stream(label, stream))
-        if self._output.moments is not None:
-            src.lane.set_domain(label, self._output.moments.domain_id(stream.domain), False)
-        if stream.pending and stream.block is None and src.lane.adopt_pending(label, stream.pending):
-            stream.pending = []  # the lane holds them now (a log whose lines carry no time)
-
-    def _lane_export(self, src: Src, label: int | None) -> None:
-        """Hand what the lane holds of a stream (last time, head day, lines waiting for a time) to it."""
-        got = src.lane.export(label)
-        if got is None:
-            return
-        last_ts, head, pending = got
-        stream = src.lane_streams[label]
-        stream.last_ts = last_ts
-        if head is not None:
-            stream.head.note_layout(*head)
-        if pending:
-            stream.pending.extend(pending)
-
-    def _lane_drain(self, src: Src) -> None:
-        outs, counts = src.lane.drain(self._output.moments)
-        for index, lines in outs:  # a bytes chunk for a sink that takes chunks, else a list of lines
-            if type(lines) is bytes:
-                self._output.by_index[index].buf.append(lines)
-            else:
-                self._output.by_index[index].buf.extend(lines)
-        s = self.summary
-        s.lines += counts["lines"]
-        s.parsed += counts["parsed"]
-        s.estimated_ts += counts["estimated"]
-        self._n_log += counts["log"]
-        events = self._output.events
-        for kind in ("metric", "span"):
-            if counts[kind]:
-                events[kind] = events.get(kind, 0) + counts[kind]
-        by = s.lines_by_parser
-        for name in ("generic-step", "nccl", "deepspeed", "megatron", "huggingface"):
-            if counts[name]:
-                by[name] = by.get(name, 0) + counts[name]
-        for reason, n in counts["skipped"].items():
-            s.skipped[reason] = s.skipped.get(reason, 0) + n
-
-    def _lines(self, src: Src, it: Iterable[tuple[bytes, frozenset[int] | None]], truncated: bool) -> None:
-        summary = self.summary
-        skipped = summary.skipped
-        mode = src.mode
-        streams = src.streams
-        cap = self.cfg.max_msg_chars
-        n_lines = 0
-        n_parsed = 0
-        n_log = 0
-        levels = _LEVEL_BYTES
-        dumps = _DUMPS
-        plain = self._plain.pattern(mode) if self.cfg.plain_fast_path else None
-        stream: Stream | None
-        head: Head | None
-        for raw, ids in it:
-            n_lines += 1
-            m = plain.match(raw) if plain is not None else None
-            strict = None
-            if m is not None:
-                # no trigger in it (as far as the chunk scan saw): written straight away
-                if ids is not None and not ids and self._plain_line(src, m, raw):
-                    n_parsed += 1
-                    n_log += 1
-                    continue
-                strict = self._strict_head(src, m, raw)
-            if strict is not None:  # prefix and head already read: the rest as below
-                stream, text, head, day = strict
-            elif not raw or raw.isspace():
-                n_parsed += self._blank(streams.get(None))
-                continue
-            else:
-                if b"\x00" in raw:
-                    skipped["not text (binary data)"] = skipped.get("not text (binary data)", 0) + 1
-                    continue
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = raw.decode("utf-8", "replace")
-                    if text.count("\ufffd") * 4 > len(text):
-                        skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
-                        continue
-                if mode != "none" or text[0] == "[":
-                    pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
-                    if not text or text.isspace():
-                        n_parsed += self._blank(streams.get(pfx))
-                        continue
-                else:
-                    pfx = None
-                stream = streams.get(pfx)
-                if stream is None:
-                    stream = self._stream(src, pfx)
-            if stream.block is not None and self._feed_block(stream, text):
-                n_parsed += 1
-                continue
-            if ids is None:
-                ids = self._matcher.line(text)
-            if strict is None:
-                head = stream.head.parse(text)
-            else:
-                stream.head.note_iso(day)
-            if head is not None:
-                ts = head.ts
-                body = text[head.body_at:]
-                level = head.level
-                logger = head.logger
-            else:
-                ts = None
-                body = text
-                level = logger = None
-            if ids:
-                line = Line(text, body, ts, level, logger, stream.state, n_lines, src.source.display, ids)
-                if self._parse(stream, line, ids):
-                    n_parsed += 1
-                    continue
-            n_parsed += 1
-            if len(body) > cap:
-                body = body[:cap]
-                summary.truncated_lines += 1
-            if ts is None or stream.pending:
-                ev: dict[str, Any] = {"kind": "log", "level": level or "INFO", "msg": body}
-                if logger:
-                    ev["logger"] = logger
-                self._output.emit(stream, [ev], ts)
-                continue
-            stream.last_ts = ts
-            out = stream.out or self._output.stream_out(stream)
-            lb = levels.get(level) or b"INFO"
-            if logger:
-                out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":%b,"msg":%b}\n'
-                               % (ts + stream.offset, out.head, lb, dumps(logger), dumps(body)))
-            else:
-                out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","msg":%b}\n'
-                               % (ts + stream.offset, out.head, lb, dumps(body)))
-            n_log += 1
-        if truncated:
-            summary.truncated_lines += 1
-        summary.lines += n_lines
-        summary.parsed += n_parsed
-        self._n_log += n_log
-
-    @staticmethod
-    def _label_stream(src: Src, label: bytes) -> Stream | None:
-        """The stream of a strict line's ``srun`` label (``b""``: no prefix); None while it has none yet."""
-        stream = src.by_label.get(label)
-        if stream is None:
-            stream = src.streams.get(make_prefix(None, int(label), None, None) if label else None)
-            if stream is not None:
-                src.by_label[label] = stream
-        return stream
-
-    def _strict_head(self, src: Src, m: re.Match[bytes], raw: bytes) -> tuple[Stream, str, Head, int] | None:
-        """Stream, text after the prefix, head and epoch day of a strict line (:mod:`._plain`) that the general
-        path must still see (a trigger hit it, or its stream is busy), read without ``split_prefix`` and the
-        head layouts; None: read it the general way (new stream, bad bytes, bad date)."""
-        stream = self._label_stream(src, m.group(1))
-        if stream is None or b"\x00" in raw:
-            return None
-        stamp = self._plain.stamp(m.group(2), m.group(3))
-        if stamp is None:
-            return None
-        at = m.start(2)
-        try:
-            text = raw[at:].decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        base, day = stamp
-        head = Head(base + frac_ns(m.group(4)), level_name(m.group(5)), m.group(6).decode("ascii"), m.end() - at)
-        return stream, text, head, day
-
-    def _plain_line(self, src: Src, m: re.Match[bytes], raw: bytes) -> bool:
-        """Write a strict plain log line (:mod:`._plain`) exactly as the general path would.
-
-        False when that path has to see it after all: the stream is new, in a multi-line
-        block or holding lines that wait for a timestamp, or the line is not clean text.
-        """
-        label, date, tod, frac, level, logger = m.groups()
-        stream = self._label_stream(src, label)
-        if stream is None or stream.block is not None or stream.pending:
-            return False
-        body = raw[m.end():]
-        if len(body) > self.cfg.max_msg_chars:  # bytes ≥ characters: the general path truncates and counts
-            return False
-        stamp = self._plain.stamp(date, tod)
-        msg = msg_json(body)
-        if stamp is None or msg is None:
-            return False
-        base, day = stamp
-        ts = base + frac_ns(frac)
-        stream.head.note_iso(day)
-        stream.last_ts = ts
-        out = stream.out or self._output.stream_out(stream)
-        out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","logger":"%b","msg":%b}\n'
-                       % (ts + stream.offset, out.head, level_bytes(level), logger, msg))
-        return True
-
-    def _blank(self, stream: Stream | None) -> bool:
-        """A blank line: True when it continues the stream's open block (a traceback), else counted as skipped."""
-        if stream is not None and stream.block is not None and self._feed_block(stream, ""):
-            return True
-        skipped = self.summary.skipped
-        skipped["blank line"] = skipped.get("blank line", 0) + 1
-        return False
-
-    def _parse(self, stream: Stream, line: Line, ids: frozenset[int]) -> bool:
-        """Run the triggered parsers in order; True when one of them took the line."""
-        by = self.summary.lines_by_parser
-        for i in (ids if len(ids) == 1 else sorted(ids)):
-            parser = self._parsers[i]
-            try:
-                res = parser.parse(line)
-            except Exception:  # noqa: BLE001 - a parser bug must not lose the line or stop the ingest
-                errs = self.summary.parser_errors
-                errs[parser.name] = errs.get(parser.name, 0) + 1
-                continue
-            if res is None:
-                continue
-            name = parser.name
-            if isinstance(res, Skip):
-                self.summary.skipped[res.reason] = self.summary.skipped.get(res.reason, 0) + 1
-                self.summary.parsed -= 1  # the caller counts it as parsed
-                by[name] = by.get(name, 0) + 1
-                return True
-            if isinstance(res, list):
-                by[name] = by.get(name, 0) + 1
-                if not _has_log(res):
-                    base: dict[str, Any] = {"kind": "log", "level": line.level or "INFO",
-                                            "msg": line.text[: self.cfg.max_msg_chars]}
-                    if line.logger:
-                        base["logger"] = line.logger
-                    res = [base, *res]
-                self._output.emit(stream, res, line.ts)
-                return True
-            # a Block: the following lines of this stream go to it
-            by[name] = by.get(name, 0) + 1
-            stream.block = res
-            stream.block_line = line
-            stream.block_parser = name
-            return True
-        return False
-
-    def _feed_block(self, stream: Stream, text: str) -> bool:
-        block = stream.block
-        assert block is not None and stream.block_line is not None
-        try:
-            r = block.feed(text, stream.block_line)
-        except Exception:  # noqa: BLE001
-            errs = self.summary.parser_errors
-            errs[stream.block_parser] = errs.get(stream.block_parser, 0) + 1
-            r = FEED_REJECT
-        if r == FEED_MORE:
-            by = self.summary.lines_by_parser
-            by[stream.block_parser] = by.get(stream.block_parser, 0) + 1
-            return True
-        if r == FEED_DONE:
-            by = self.summary.lines_by_parser
-            by[stream.block_parser] = by.get(stream.block_parser, 0) + 1
-            self._end_block(stream)
-            return True
-        self._end_block(stream)
-        return False
-
-    def _end_block(self, stream: Stream) -> None:
-        block, line = stream.block, stream.block_line
-        if block is None or line is None:
-            return
-        stream.block = None
-        stream.block_line = None
-        try:
-            events = block.finish()
-        except Exception:  # noqa: BLE001
-            errs = self.summary.parser_errors
-            errs[stream.block_parser] = errs.get(stream.block_parser, 0) + 1
-            events = [{"kind": "log", "level": line.level or "INFO", "msg": line.text}]
-        self._output.emit(stream, events, line.ts)
-
-
-
-_EMPTY: Final = frozenset[int]()
-_SRUN_LABEL: Final = re.compile(rb" *(\d{1,6}): ")
-_ELSEWHERE: Final = -1
-"""The lane label of a line whose stream the lane never holds (a torchrun prefix with a local rank or a role)."""
-
-
-def _stream_label(mode: str | None, raw: bytes, label: int | None) -> int | None:
-    """The lane label of the stream Python reads a given-back line into: its ``srun`` label, unless a torchrun
-    prefix after it (``[rank3]:``, which the lane gives back) names the writer another way."""
-    at = raw.find(b"[", 0, 16)
-    if at < 0 or raw[:at].strip(b" 0123456789:"):
-        return label  # no bracket where a prefix could be
-    pfx, _ = split_prefix(raw.decode("utf-8", "replace"), mode or PrefixMode.NONE)
-    if pfx is None:
-        return None
-    if pfx.host is None and pfx.local_rank is None and pfx.role is None and mode == PrefixMode.SRUN:
-        return pfx.rank  # what an srun label of that rank names
-    return label if pfx == _label_prefix(label) else _ELSEWHERE
-
-
-def _label_prefix(label: int | None) -> Prefix | None:
-    """The prefix of an ``srun`` label as the fast lane reports it (``None``: a line without one)."""
-    return make_prefix(None, label, None, None) if label is not None else None
-
-
-def _has_log(events: list[dict[str, Any]]) -> bool:
-    """Whether a parser kept the line itself as a ``log`` event (a plain loop: cheaper than ``any`` on a generator)."""
-    for ev in events:  # noqa: SIM110
-        if ev.get("kind") == "log":
-            return True
-    return False
-
-
-def _hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = False
-               ) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones).
-
-    A hit belongs to the line whose end (its newline, or the end of the block) is the
-    first at or after the hit's end offset. All lines come as a ``zip`` of the split
-    block and a list of id sets (empty for most), so that the per-line loop pays no
-    generator step.
-    """
-    if not all_lines:
-        return _only_hit_lines(block, hits)
-    lines = block.split(b"\n")
-    ids: list[frozenset[int] | None] = [_EMPTY] * len(lines)
-    for index, found in _ids_by_line(block, hits):
-        ids[index] = found
-    return zip(lines, ids)
-
-
-def _hit_spans(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, int, frozenset[int]]]:
-    """``(start, stop, parser ids)`` of each line that hits end in, in order."""
-    i, nh = 0, len(hits)
-    while i < nh:
-        end = hits[i][0]
-        start = block.rfind(b"\n", 0, end) + 1  # the line that holds offset ``end``
-        stop = block.find(b"\n", end)
-        if stop < 0:
-            stop = len(block)
-        found: set[int] = set()
-        while i < nh and hits[i][0] <= stop:
-            found.add(hits[i][1])
-            i += 1
-        yield start, stop, frozenset(found)
-
-
-def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
-    """``(line index, parser ids)`` of the lines that hits end in, in order."""
-    index = pos = 0  # ``pos``: where the line numbered ``index`` starts
-    for start, _, found in _hit_spans(block, hits):
-        index += block.count(b"\n", pos, start)
-        pos = start
-        yield index, found
-
-
-def _only_hit_lines(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[bytes, frozenset[int] | None]]:
-    return ((block[start:stop], found) for start, stop, found in _hit_spans(block, hits))
+        self._router.block(src, block, truncated)
 
 
 _DEFAULT: ParserRegistry | None = None

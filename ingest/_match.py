@@ -7,15 +7,21 @@ chunk of input at hundreds of MB/s, reporting only the few lines that match, so 
 lines no parser wants pay nothing. Without Hyperscan (it is an optional dependency,
 x86-64 only) each line is searched with one combined Python pattern: same result,
 slower.
+
+The helpers at the end turn a block scan's hits back into lines with their parser ids;
+they live here, not in the engine, because both of its passes read hits that way.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
-__all__ = ["Matcher", "make_matcher", "matcher_engine"]
+__all__ = ["NO_HITS", "Matcher", "hit_lines", "make_matcher", "matcher_engine"]
+
+NO_HITS: Final = frozenset[int]()
+"""The parser ids of a line no trigger hit (one shared empty set: most lines get it)."""
 
 
 def _group(pattern: str) -> str:
@@ -104,3 +110,52 @@ def make_matcher(triggers: Sequence[Sequence[str]], use_hyperscan: bool | None =
             if use_hyperscan:
                 raise
     return Matcher(triggers)
+
+
+# ---- hits to lines: which lines of a scanned block the hits of :meth:`Matcher.scan` fall in ----------------
+
+def hit_lines(block: bytes, hits: list[tuple[int, int]], all_lines: bool = False
+              ) -> Iterable[tuple[bytes, frozenset[int] | None]]:
+    """Lines of ``block`` with the parser ids whose triggers ended inside them (all lines, or only hit ones).
+
+    A hit belongs to the line whose end (its newline, or the end of the block) is the
+    first at or after the hit's end offset. All lines come as a ``zip`` of the split
+    block and a list of id sets (empty for most), so that the per-line loop pays no
+    generator step.
+    """
+    if not all_lines:
+        return _only_hit_lines(block, hits)
+    lines = block.split(b"\n")
+    ids: list[frozenset[int] | None] = [NO_HITS] * len(lines)
+    for index, found in _ids_by_line(block, hits):
+        ids[index] = found
+    return zip(lines, ids)
+
+
+def _hit_spans(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, int, frozenset[int]]]:
+    """``(start, stop, parser ids)`` of each line that hits end in, in order."""
+    i, nh = 0, len(hits)
+    while i < nh:
+        end = hits[i][0]
+        start = block.rfind(b"\n", 0, end) + 1  # the line that holds offset ``end``
+        stop = block.find(b"\n", end)
+        if stop < 0:
+            stop = len(block)
+        found: set[int] = set()
+        while i < nh and hits[i][0] <= stop:
+            found.add(hits[i][1])
+            i += 1
+        yield start, stop, frozenset(found)
+
+
+def _ids_by_line(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[int, frozenset[int]]]:
+    """``(line index, parser ids)`` of the lines that hits end in, in order."""
+    index = pos = 0  # ``pos``: where the line numbered ``index`` starts
+    for start, _, found in _hit_spans(block, hits):
+        index += block.count(b"\n", pos, start)
+        pos = start
+        yield index, found
+
+
+def _only_hit_lines(block: bytes, hits: list[tuple[int, int]]) -> Iterable[tuple[bytes, frozenset[int] | None]]:
+    return ((block[start:stop], found) for start, stop, found in _hit_spans(block, hits))

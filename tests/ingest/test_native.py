@@ -103,12 +103,13 @@ def test_no_prefix_late_ranks_unlabelled_lines_and_a_zone(tmp_path):
 
 def test_the_lane_reads_the_common_lines(tmp_path, monkeypatch):
     """Guards the comparisons: on the benchmark's mixed log the lane reads nearly every line itself."""
-    from ingest._engine import Ingestor
+    from ingest._align_pass import AlignPass
+    from ingest._lane import LaneDriver
 
     given_back = []
-    real = Ingestor._lane_give_back
+    real = LaneDriver.give_back
     sync_read_in_python = []
-    real_sync = Ingestor._sync_lines
+    real_sync = AlignPass._sync_lines
 
     def spy(self, src, raw, ids, truncated, label=None):
         given_back.append(raw)
@@ -120,8 +121,8 @@ def test_the_lane_reads_the_common_lines(tmp_path, monkeypatch):
             sync_read_in_python.extend(lines)
         return real_sync(self, src, lines, streams, points)
 
-    monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
-    monkeypatch.setattr(Ingestor, "_sync_lines", sync_spy)
+    monkeypatch.setattr(LaneDriver, "give_back", spy)
+    monkeypatch.setattr(AlignPass, "_sync_lines", sync_spy)
     mixed = tmp_path / "mixed.log"
     bench_module().make_log(mixed, 8000)
     summary, _ = assert_paths_agree([mixed])
@@ -166,16 +167,16 @@ def test_a_stream_that_gets_its_output_only_at_the_end_releases_in_python_order(
 def test_a_log_without_any_time_is_read_by_the_lane(tmp_path, monkeypatch):
     """The first line of each stream (read by Python) leaves a line waiting for a time; the lane takes it over
     with the stream, so a print-only log does not go back to Python line by line."""
-    from ingest._engine import Ingestor
+    from ingest._lane import LaneDriver
 
     given_back = []
-    real = Ingestor._lane_give_back
+    real = LaneDriver.give_back
 
     def spy(self, src, raw, ids, truncated, label=None):
         given_back.append(raw)
         return real(self, src, raw, ids, truncated, label)
 
-    monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
+    monkeypatch.setattr(LaneDriver, "give_back", spy)
     lines = [fx.srun_label(i % 4, 1, WAITING[i % 3]) for i in range(400)]
     summary, _ = assert_paths_agree([write(tmp_path, lines)])
     assert summary.estimated_ts == 400 and len(given_back) // 2 <= 8  # the first line of each of 4 streams
@@ -202,7 +203,7 @@ def test_the_lane_finds_trigger_lines_by_literals():
     expression, several times slower); a trigger that can match nearly anything keeps the regular expression."""
     from ingest import IngestConfig, Ingestor
 
-    lane = Ingestor(IngestConfig(job="lits"), lambda node, rank: None)._new_lane("srun")
+    lane = Ingestor(IngestConfig(job="lits"), lambda node, rank: None)._lanes.new_lane("srun")
     if lane is None:
         pytest.skip(reason=NOT_BUILT)
     main, sync = lane.filter_literals(False), lane.filter_literals(True)
@@ -234,18 +235,18 @@ def test_per_rank_files_share_one_compiled_lane(tmp_path, monkeypatch):
     """A job's logs as one file per rank (some with srun labels, some without): the triggers are compiled once per
     prefix mode, every other file's lane is a fresh one sharing them, and the output is still the Python engine's,
     byte for byte, each file's state its own."""
-    import ingest._engine
+    import ingest._lane
 
-    if ingest._engine.lane_module() is None:
+    if ingest._lane.lane_module() is None:
         pytest.skip(reason=NOT_BUILT)
     compiled: list[str] = []
-    real = ingest._engine.new_lane
+    real = ingest._lane.new_lane
 
     def counted(mode, *args):
         compiled.append(mode)
         return real(mode, *args)
 
-    monkeypatch.setattr(ingest._engine, "new_lane", counted)
+    monkeypatch.setattr(ingest._lane, "new_lane", counted)
     mixed = tmp_path / "mixed.log"
     bench_module().make_log(mixed, 6000)
     lines = mixed.read_bytes().split(b"\n")
@@ -287,7 +288,7 @@ def test_a_user_trigger_without_a_literal_keeps_the_regex_scan(tmp_path):
         ing = Ingestor(IngestConfig(job="own", native=native),
                        lambda n, r, sinks=sinks: sinks.setdefault((n, r), MemorySink()), reg)
         if native:
-            lane = ing._new_lane("srun")
+            lane = ing._lanes.new_lane("srun")
             if lane is None:
                 pytest.skip(reason=NOT_BUILT)
             assert lane.filter_literals(False) is None and lane.filter_literals(True) is not None
@@ -377,16 +378,16 @@ def hf_run(dict_of, bar: bool, steps: int = 12, ranks: int = 2) -> list[str]:
 @pytest.fixture
 def given_back(monkeypatch):
     """The lines the lane gives back to Python (only the runs that use the lane give any)."""
-    from ingest._engine import Ingestor
+    from ingest._lane import LaneDriver
 
     got: list[str] = []
-    real = Ingestor._lane_give_back
+    real = LaneDriver.give_back
 
     def spy(self, src, raw, ids, truncated, label=None):
         got.append(raw.decode("utf-8", "replace"))
         return real(self, src, raw, ids, truncated, label)
 
-    monkeypatch.setattr(Ingestor, "_lane_give_back", spy)
+    monkeypatch.setattr(LaneDriver, "give_back", spy)
     return got
 
 

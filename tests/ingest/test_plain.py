@@ -150,17 +150,17 @@ def test_random_mixes_of_plain_and_other_lines(tmp_path, lines):
 
 def test_the_fast_path_takes_the_plain_lines(tmp_path, monkeypatch):
     """Guards the tests above against comparing the general path with itself."""
-    from ingest._engine import Ingestor
+    from ingest._router import StreamRouter
 
     taken = []
-    real = Ingestor._plain_line
+    real = StreamRouter._plain_line
 
     def spy(self, src, m, raw):
         ok = real(self, src, m, raw)
         taken.append(ok)
         return ok
 
-    monkeypatch.setattr(Ingestor, "_plain_line", spy)
+    monkeypatch.setattr(StreamRouter, "_plain_line", spy)
     lines = [fx.srun_label(0, 1, plain(f"m{i}")) for i in range(10)]
     assert_paths_agree([write(tmp_path, lines)])
     assert 9 == sum(taken)  # the first line of a stream creates it on the general path
