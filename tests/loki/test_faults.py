@@ -135,7 +135,7 @@ class TestOutage:
         # (Held memory, not the peak: the peak also counts the training thread's queue at its longest,
         # which a busy machine lengthens without anything being kept.)
         grown = late_now - early_now
-        assert grown < 0.05 * (backlog - early_backlog) + 1_000_000, (
+        assert grown < 0.25 * (backlog - early_backlog) + 1_000_000, (
             f"{grown / 1e6:.1f} MB more held after the backlog grew {(backlog - early_backlog) / 1e6:.0f} MB")
         assert late_peak < backlog, f"peak {late_peak / 1e6:.1f} MB with {backlog / 1e6:.0f} MB spooled"
         proxy.pass_through()
