@@ -39,13 +39,15 @@ class Out:
     __slots__ = ("node", "rank", "sink", "buf", "head", "open", "ident", "index", "chunked")
 
     def __init__(self, job: str, trace: str, node: str, rank: int, local_rank: int, world: int, sink: Sink,
-                 index: int = 0) -> None:
+                 index: int = 0, rank_est: bool = False) -> None:
         self.node, self.rank, self.sink, self.index = node, rank, sink, index
         self.chunked = bool(getattr(sink, "takes_chunks", False))  # buf items may hold several lines
         self.buf: list[bytes] = []
         self.ident = {"job": job, "trace_id": trace, "rank": rank, "local_rank": local_rank, "world": world,
                       "node": node, "pid": 0, "v": SCHEMA_VERSION}
         self.head = _DUMPS(self.ident)[1:-1]  # '"job":...,"v":1' to splice into templates
+        if rank_est:  # the next key of FIELDS: a rank numbered in order of appearance says so on every line
+            self.head += b',"rank_est":true'
         self.open = b"{%b," % self.head  # an encoded event after its own "{" completes the line
 
 
@@ -84,20 +86,24 @@ class Output:
         self._cap = max_msg_chars
         self._pending_cap = pending_cap
         self._summary = summary
-        self.by_key: dict[tuple[str, int], Out] = {}
+        self.by_key: dict[tuple[str, int, bool], Out] = {}
+        self._sinks: dict[tuple[str, int], Sink] = {}
         self.by_index: list[Out] = []  # by index, as the fast lane names them
         self.rank_nodes: dict[int, str] = {}
         self.max_rank = -1
         self.events: dict[str, int] = {}
         self.moments: Any = None
 
-    def out(self, node: str, rank: int, local: int) -> Out:
-        key = (node, rank)
+    def out(self, node: str, rank: int, local: int, rank_est: bool = False) -> Out:
+        key = (node, rank, rank_est)  # a guessed 0 and the rank 0 a prefix names are two writers
         out = self.by_key.get(key)
         if out is None:
             world = max(self._world_size, self.max_rank + 1, rank + 1)
-            out = self.by_key[key] = Out(self._job, self._trace, node, rank, local, world,
-                                         self._sink_factory(node, rank), len(self.by_index))
+            sink = self._sinks.get((node, rank))
+            if sink is None:  # both writers of a (node, rank) share its one sink: the factory opens it once
+                sink = self._sinks[(node, rank)] = self._sink_factory(node, rank)
+            out = self.by_key[key] = Out(self._job, self._trace, node, rank, local, world, sink,
+                                         len(self.by_index), rank_est)
             self.by_index.append(out)
         return out
 
@@ -106,7 +112,7 @@ class Output:
         out = stream.out
         if out is None:
             st = stream.state
-            out = stream.out = self.out(st.node, st.rank, st.local_rank)
+            out = stream.out = self.out(st.node, st.rank, st.local_rank, st.rank_guessed)
         return out
 
     def emit(self, stream: Stream, events: list[dict[str, Any]], ts: int | None) -> None:
@@ -180,7 +186,7 @@ class Output:
         if rank is None:
             out = stream.out
             if out is None:
-                out = stream.out = self.out(st.node, st.rank, st.local_rank)
+                out = stream.out = self.out(st.node, st.rank, st.local_rank, st.rank_guessed)
         else:
             if node is None:
                 # the same writer (or, for a host-prefixed stream, the same host) unless the rank is known elsewhere
@@ -206,8 +212,8 @@ class Output:
         try:
             self.flush()
         finally:
-            for out in self.by_key.values():
+            for sink in self._sinks.values():
                 try:
-                    out.sink.flush()
+                    sink.flush()
                 finally:
-                    out.sink.close()
+                    sink.close()

@@ -99,6 +99,8 @@ FIELDS: Final[tuple[Field, ...]] = (
     Field("node", "VARCHAR", _ALL_KINDS, "the host name", identity=True),
     Field("pid", "BIGINT", _ALL_KINDS, "the process (a forked child writes its own)", identity=True),
     Field("v", "INTEGER", _ALL_KINDS, "SCHEMA_VERSION of the writer", identity=True),
+    Field("rank_est", "BOOLEAN", _ALL_KINDS,
+          "ingest: true when the log never said the writer's rank (the stream was numbered in order of appearance)"),
     Field("span_id", "VARCHAR", frozenset({Kind.LOG, Kind.SPAN, Kind.METRIC}),
           "16 hex digits: the span itself for a span, the active span for a log record or metric point"),
     Field("parent_id", "VARCHAR", _SPAN_ONLY, "the enclosing span (a step's: the job's root span)"),
@@ -176,6 +178,8 @@ class Event:
     world: int = 1
     node: str = ""
     pid: int = 0
+    # ingest: True when ``rank`` is a number given in order of appearance, not read from the log
+    rank_est: bool | None = None
     span_id: str | None = None
     parent_id: str | None = None
     step: int | None = None

@@ -62,7 +62,8 @@ class TestFieldTable:
 
     # The order every writer writes, the compiled recorder (jobtrace_native) included: changing it means
     # changing that recorder's encoder too (tests/otel_instrumentation/test_native_recorder.py compares the two).
-    ORDER = ("ts", "kind", "job", "trace_id", "rank", "local_rank", "world", "node", "pid", "v", "span_id",
+    # ``rank_est`` (ingest only: a rank numbered in order of appearance) is written by no recorder.
+    ORDER = ("ts", "kind", "job", "trace_id", "rank", "local_rank", "world", "node", "pid", "v", "rank_est", "span_id",
              "parent_id", "name", "cat", "start", "dur", "level", "logger", "msg", "exc", "metrics", "step", "attrs",
              "est")
 
@@ -89,7 +90,7 @@ class TestFieldTable:
         ev = make(kind=Kind.SPAN, name="forward", cat="phase", start=1, dur=2, step=7, span_id="b" * 16,
                   parent_id="c" * 16, attrs={"op": "x"}, est=True, level="INFO", msg="m", metrics={"a": 1.0})
         keys = list(ev.to_dict())
-        assert keys == [k for k in self.ORDER if k not in ("logger", "exc")]
+        assert keys == [k for k in self.ORDER if k not in ("logger", "exc", "rank_est")]
         assert list(orjson.loads(encode(ev))) == keys  # orjson keeps the key order it reads
 
     def test_the_identity_block_is_the_identity_rows_one_run_encoded_once(self):

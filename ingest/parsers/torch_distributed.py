@@ -339,9 +339,13 @@ class WatchdogParser:
             attrs["group_rank"] = int(m.group("rank"))
         dur = elapsed_ms * 1_000_000
         span_attrs = {k: attrs[k] for k in ("op", "group", "seq", "timed_out") if k in attrs}
-        return [
+        route: dict[str, Any] = {}
+        if line.stream.rank_guessed and m.group("rank") and m.group("pg") in (None, "0"):
+            route["route_rank"] = int(m.group("rank"))  # the default group's rank is the global rank
+        events: list[dict[str, Any]] = [
             {"kind": "log", "level": "ERROR", "logger": line.logger or "torch.distributed", "msg": line.text, "attrs": attrs},
             {"kind": "span", "cat": "collective", "name": op, "dur": dur, "attrs": span_attrs},
             {"kind": "heartbeat", "attrs": {"in_op": op, "in_group": group, "in_seq": attrs.get("seq"),
                                             "span_age_ms": elapsed_ms, "source": "nccl-watchdog"}},
         ]
+        return [ev | route for ev in events]

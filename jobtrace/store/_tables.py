@@ -114,7 +114,8 @@ def _statements(source: str) -> list[str]:
                        FILTER (WHERE kind = 'span') AS last_span_row,
                    max(ts) FILTER (WHERE kind = 'span') AS last_span_ts,
                    max(step) AS last_step,
-                   bool_or(kind = 'log' AND logger = 'jobtrace.lifecycle' AND msg = 'stop') AS stopped
+                   bool_or(kind = 'log' AND logger = 'jobtrace.lifecycle' AND msg = 'stop') AS stopped,
+                   coalesce(bool_and(coalesce(rank_est, false)), false) AS rank_est
             FROM {source} GROUP BY rank)
         SELECT r.* EXCLUDE (last_span_row), r.last_span_row.name AS last_span, r.last_span_row.cat AS last_span_cat,
                r.last_span_row.id AS last_span_id
