@@ -28,6 +28,7 @@ from typing import Any
 
 from jobtrace.store import build_tables
 
+from ._failures import analyze_failures
 from ._golden import GoldenProfile, compare_to_golden
 from ._hang import analyze_hang
 from ._health import analyze_health, breakdown
@@ -121,7 +122,7 @@ def analyze(
 
     # A rank's status does not depend on the order below: each check proposes, STATUS_PRECEDENCE
     # decides. Late arrival comes last for its findings, which need to know what the others explain.
-    findings: list[Finding] = []
+    findings: list[Finding] = analyze_failures(ctx)
     hang_findings, hang_info = analyze_hang(ctx)
     findings += hang_findings
     slow_findings, per_node, straggler_info = analyze_stragglers(ctx)

@@ -144,17 +144,19 @@ class Finding:
         return self
 
 
-Status = Literal["silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok"]
+Status = Literal["failed", "silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok"]
 """What :attr:`RankSummary.status` can say (the renderer colours each; see :data:`STATUS_PRECEDENCE`)."""
 
 STATUS_PRECEDENCE: Final[tuple[Status, ...]] = (
-    "silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok",
+    "failed", "silent", "stalled", "mismatch", "waiting", "slow", "stalls", "data", "late", "ok",
 )
 """Which status a rank shows when several checks name it: the one earlier here.
 
 The checks propose statuses independently (:meth:`RankSummary.propose`), so what a rank
 shows is the most urgent thing said about it, whichever check ran first. Each beats the next:
 
+* ``failed`` (its log reports a failure: an OOM, an error, a timeout, an exit code) over
+  everything: what the rank itself said went wrong outranks what its timing suggests;
 * ``silent`` (nothing at all, not even a heartbeat, for ``stall_s``) over ``stalled``: both
   make the rank a hang's culprit, but silence says the process or its host is gone, the
   stronger statement (the hang check proposes only one of the two for a rank);

@@ -19,7 +19,7 @@ from ._analysis import Report
 __all__ = ["format_json", "print_report"]
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-_STATUS = {"ok": "green", "slow": "yellow", "stalled": "bold red", "silent": "bold red", "waiting": "magenta",
+_STATUS = {"ok": "green", "slow": "yellow", "failed": "bold red", "stalled": "bold red", "silent": "bold red", "waiting": "magenta",
            "mismatch": "bold red", "late": "yellow", "data": "yellow", "stalls": "yellow"}
 _ICON = {"error": "●", "warning": "▲", "info": "ℹ"}
 

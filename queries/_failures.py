@@ -1,0 +1,267 @@
+"""Failures read from the logs: OOMs, timeouts, NCCL and hardware errors, exits and exceptions.
+
+A crashed or hung job says what happened in text: the CUDA allocator's OOM message, the
+NCCL watchdog's timeout line, an ``NCCL WARN``, a torchelastic ``ChildFailedError``
+summary, a traceback. :mod:`queries._signatures` reads each such line; this module finds
+them in the job (one scan of the log events with one regular expression, then the few
+matching lines in Python), groups them into findings and tells the cause from its
+consequences:
+
+* one finding per kind of failure (and per exception type), naming every rank and host
+  that reported it, so "ranks 0–6 timed out in ALLREDUCE SeqNum 1532" is one line;
+* the **root cause** is the failure most likely to start others (:data:`CAUSE_RANK`: an OOM
+  or a hardware fault before an NCCL error, before an exception, before a timeout, before
+  an exit code), the earliest in time among equals. The others are its consequences,
+  reported with ``severity="warning"`` and ``details["consequence_of"]``;
+* when ranks time out in a collective and a rank of the job is known that did not, that
+  rank never arrived: a ``hang`` finding names it as the culprit (what torchrun's own
+  "Root Cause", the first process to exit, gets wrong), with the timeouts as evidence;
+  the watchdog's "last enqueued NCCL work" says the same where it is printed: a rank
+  whose last enqueued work is before the timed-out one never issued it.
+
+A rank is the one the message names (``[Rank 3]``), else its stream's when the log said it
+(``rank_est`` false), else unknown: a finding then lists no rank and says ``rank ?``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ._model import AnalysisContext, EventRef, Finding, as_json, rows, span_list
+from ._signatures import CAUSE_RANK, PREFILTER, Failure, classify
+
+__all__ = ["analyze_failures"]
+
+_RANK_LOGGER: Final = re.compile(r"\[?rank(\d+)\]?")
+
+_MAX_LINES: Final = 20_000
+"""Failure lines read from one job at most (a log that repeats one error a million times says it once)."""
+
+
+@dataclass
+class _Seen:
+    """One failure line of the job, read, with where it was written."""
+
+    failure: Failure
+    rank: int | None
+    node: str | None
+    ts: int
+    step: int | None
+    span_id: str | None
+    msg: str
+    stream_rank: int
+
+
+def analyze_failures(ctx: AnalysisContext) -> list[Finding]:
+    """Findings for every failure the logs report, the root cause first."""
+    seen = _read(ctx)
+    if not seen:
+        return []
+    typed = {s.stream_rank for s in seen if s.failure.kind == "python_exception" and "exception" in s.failure.facts}
+    # a frame or an untyped traceback of a stream whose exception line is there too belongs to that exception
+    seen = [s for s in seen if not (s.failure.kind == "python_exception" and "exception" not in s.failure.facts
+                                    and s.stream_rank in typed)]
+    groups: dict[tuple[str, str], list[_Seen]] = defaultdict(list)
+    for s in seen:
+        sub = str(s.failure.facts.get("exception", "")) if s.failure.kind == "python_exception" else ""
+        groups[(s.failure.kind, sub)].append(s)
+    findings = [_finding(kind, items) for (kind, _), items in groups.items()]
+    failed = {s.rank for s in seen if s.rank is not None and CAUSE_RANK.get(s.failure.kind, 9) <= CAUSE_RANK["host_oom"]}
+    culprit = _never_arrived(ctx, groups)
+    if culprit is not None and not set(culprit.ranks) & failed:  # a rank that crashed did not hang: its error says why
+        findings.append(culprit)
+    desync = _timeout_mismatch(groups.get(("collective_timeout", ""), []))
+    if desync is not None:
+        findings.append(desync)
+    findings.sort(key=lambda f: (CAUSE_RANK.get(f.kind, 9) if f.kind != "hang" or not f.details.get("never_arrived")
+                                 else -1, f.time_range[0] if f.time_range else 0))
+    root = findings[0]
+    root.details["root_cause"] = True
+    for f in findings[1:]:
+        f.severity = "warning"
+        f.details["consequence_of"] = root.kind
+        f.summary = f"{f.summary} (likely a consequence of the {root.kind.replace('_', ' ')})"
+    for f in findings:
+        for r in f.ranks:
+            if r in ctx.by_rank:
+                ctx.mark(r, "failed")
+    return findings[: ctx.cfg.max_findings_per_kind * 2]
+
+
+def _read(ctx: AnalysisContext) -> list[_Seen]:
+    known = {r["rank"]: not r.get("rank_est") for r in ctx.ranks}
+    nodes = {r["rank"]: r["node"] for r in ctx.ranks}
+    lines = rows(
+        ctx.con,
+        """SELECT rank, coalesce(rank_est, false) AS rank_est, logger, node, ts, step, span_id, msg, attrs, contains(exc, 'Traceback (most recent call last)') AS tb,
+                  logger = 'nccl' AND level = 'WARNING' AS nccl_warn FROM events
+           WHERE kind = 'log' AND msg IS NOT NULL AND NOT starts_with(coalesce(logger, ''), 'jobtrace')
+             AND (regexp_matches(msg, $pattern) OR contains(exc, 'Traceback (most recent call last)')
+                  OR (logger = 'nccl' AND level = 'WARNING'))
+           ORDER BY ts, rank LIMIT $limit""",
+        {"pattern": PREFILTER, "limit": _MAX_LINES},
+    )
+    out = []
+    for row in lines:
+        f = classify(row["msg"], as_json(row["attrs"]), bool(row["tb"]), bool(row["nccl_warn"]))
+        if f is None:
+            continue
+        if f.rank is None:  # "2024-11-20 14:37:16 [rank3]: …": the head layouts read "[rank3]" as a logger
+            m = _RANK_LOGGER.fullmatch(row["logger"] or "")
+            f.rank = int(m.group(1)) if m else None
+        rank = f.rank if f.rank is not None else (None if row["rank_est"] else row["rank"])
+        node = f.host or (row["node"] if row["node"] not in (None, "", "unknown") else None)
+        if f.rank is not None and f.host is None and rank != row["rank"]:
+            node = nodes.get(rank) if known.get(rank) else None
+        out.append(_Seen(f, rank, node, int(row["ts"]), row["step"], row["span_id"], row["msg"], row["rank"]))
+    return out
+
+
+_TITLES: Final = {
+    "cuda_oom": "CUDA out of memory", "hardware_fault": "hardware fault", "collective_mismatch": "collective mismatch",
+    "hang": "hang", "collective_timeout": "collective timeout", "nccl_error": "NCCL error",
+    "process_exit": "process exited with an error", "host_oom": "killed (SIGKILL; likely the host's OOM killer)",
+    "python_exception": "Python exception",
+}
+
+
+def _finding(kind: str, items: list[_Seen]) -> Finding:
+    ranks = sorted({s.rank for s in items if s.rank is not None})
+    if kind == "collective_mismatch":
+        ranks = _mismatch_culprits(items) or ranks
+    nodes = sorted({s.node for s in items if s.node})
+    unknown = any(s.rank is None for s in items)
+    facts: dict[str, Any] = {}
+    for s in items:
+        for k, v in s.failure.facts.items():
+            facts.setdefault(k, v)
+    who = (f"rank{'s' if len(ranks) > 1 else ''} {span_list(ranks)}" if ranks else "rank ?")
+    if ranks and unknown:
+        who += " and rank ?"
+    where = f" on {', '.join(nodes[:4])}{' +' + str(len(nodes) - 4) + ' more' if len(nodes) > 4 else ''}" if nodes else ""
+    summary = f"{_TITLES.get(kind, kind)}: {who}{where}{_what(kind, facts)}"
+    steps = sorted({s.step for s in items if s.step is not None})
+    evidence = [s.msg[:300] for s in _distinct(items)[:5]]
+    if len(items) > 5:
+        evidence.append(f"+{len(items) - 5} more line(s) like these")
+    details: dict[str, Any] = {"facts": facts, "lines": len(items), "unknown_rank": unknown}
+    f = Finding(kind, "error", summary, ranks, nodes, steps[-1:], evidence, details)
+    return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, kind) for s in items])
+
+
+def _distinct(items: list[_Seen]) -> list[_Seen]:
+    out, keys = [], set()
+    for s in items:
+        key = s.msg[:120]
+        if key not in keys:
+            keys.add(key)
+            out.append(s)
+    return out
+
+
+def _what(kind: str, facts: dict[str, Any]) -> str:
+    if kind == "collective_timeout":
+        parts = [facts[k] if k == "op" else f"{k.replace('_', ' ')} {facts[k]}"
+                 for k in ("op", "seq", "numel_in", "timeout_ms") if k in facts]
+        return f" in {', '.join(str(p) for p in parts)}" if parts else ""
+    if kind == "cuda_oom":
+        sizes = [f"{k.removesuffix('_bytes')} {facts[k] / 2**30:.2f} GiB" for k in ("tried_bytes", "free_bytes",
+                 "reserved_unallocated_bytes") if isinstance(facts.get(k), int)]
+        gpu = f" (GPU {facts['gpu']})" if "gpu" in facts else ""
+        return gpu + (": " + ", ".join(sizes) if sizes else "")
+    if kind in ("process_exit", "host_oom"):
+        code = facts.get("exitcode")
+        return f": exit code {code}" + (f" ({facts['signal']})" if facts.get("signal") else "") if code is not None else ""
+    if kind in ("python_exception", "nccl_error", "hardware_fault"):
+        text = facts.get("exception") or facts.get("error") or facts.get("warn")
+        msg = facts.get("message")
+        return f": {text}" + (f": {str(msg)[:120]}" if msg else "") if text else ""
+    return ""
+
+
+def _mismatch_culprits(items: list[_Seen]) -> list[int]:
+    """Ranks that a desync report puts outside their group: the one running something else, or behind."""
+    odd: set[int] = set()
+    for s in items:
+        f = s.failure.facts
+        odd.update(int(r) for r in f.get("culprits", ()))
+        if "rank_a" in f and "next" in f:
+            odd.add(int(f["rank_a"]))
+    return sorted(odd)
+
+
+def _timeout_mismatch(timeouts: list[_Seen]) -> Finding | None:
+    """Ranks that timed out in *different* collectives: a sequence number, an op or a size not the others'.
+
+    The watchdog prints each rank's own view of the work it waits in; where they disagree, the
+    job's ranks called different collectives (a desync), and the odd ones out are its cause. The
+    sequence number is compared first (a rank ahead or behind), then the op, then the size; a
+    split with no majority names every side.
+    """
+    first: dict[int, _Seen] = {}
+    for s in timeouts:
+        if s.rank is not None and "seq" in s.failure.facts:
+            first.setdefault(s.rank, s)
+    if len(first) < 2:
+        return None
+    for key in ("seq", "op", "numel_in"):
+        values = {r: s.failure.facts.get(key) for r, s in first.items()}
+        if None in values.values() or len(set(values.values())) < 2:
+            continue
+        counts = Counter(values.values())
+        top, n = counts.most_common(1)[0]
+        odd = sorted(r for r, v in values.items() if v != top) if list(counts.values()).count(n) == 1 \
+            else sorted(values)
+        what = ", ".join(f"rank {r}: {first[r].failure.facts.get('op')} SeqNum {first[r].failure.facts.get('seq')}"
+                         f" numel {first[r].failure.facts.get('numel_in')}" for r in sorted(first))
+        f = Finding("collective_mismatch", "error",
+                    f"collective mismatch: rank{'s' if len(odd) > 1 else ''} {span_list(odd)} timed out in another "
+                    f"collective ({key.replace('_', ' ')} differs) than the others: {what}",
+                    odd, sorted({host for r in odd if (host := first[r].node)}), [],
+                    [first[r].msg[:300] for r in sorted(first)][:6], {"differs_in": key, "views": {
+                        str(r): {k: first[r].failure.facts.get(k) for k in ("op", "seq", "numel_in")} for r in first}})
+        return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, "collective_timeout")
+                       for s in first.values()])
+    return None
+
+
+def _never_arrived(ctx: AnalysisContext, groups: dict[tuple[str, str], list[_Seen]]) -> Finding | None:
+    """A rank the job knows that did not time out in the collective the others timed out in."""
+    timeouts = groups.get(("collective_timeout", ""), [])
+    timed_out = {s.rank for s in timeouts if s.rank is not None}
+    if not timed_out:
+        return None
+    behind: set[int] = set()
+    for s in timeouts:  # "detected by watchdog at work: N, last enqueued NCCL work: M"
+        f = s.failure.facts
+        if s.rank is not None and "last_enqueued" in f and f["last_enqueued"] < f.get("work", f["last_enqueued"]):
+            behind.add(s.rank)
+    known = {r["rank"] for r in ctx.ranks if not r.get("rank_est")}
+    world = max((r["world"] or 0 for r in ctx.ranks), default=0)
+    members = known | timed_out
+    missing = sorted(behind or (members - timed_out))
+    if not missing or (not behind and (len(missing) * 2 > len(members) or len(members) < 2)):
+        return None
+    first = min(timeouts, key=lambda s: s.ts)
+    op = first.failure.facts.get("op")
+    at = f" in {op}" + (f" SeqNum {first.failure.facts['seq']}" if "seq" in first.failure.facts else "") if op else ""
+    last = {m: _last_line(ctx, m) for m in missing[:3]}
+    doing = "; ".join(f"rank {m}'s last line: {txt[:160]}" for m, txt in last.items() if txt)
+    nodes = sorted({r["node"] for r in ctx.ranks if r["rank"] in missing and r["node"] not in (None, "unknown")})
+    summary = (f"hang: rank{'s' if len(missing) > 1 else ''} {span_list(missing)} never arrived{at}; "
+               f"rank{'s' if len(timed_out) > 1 else ''} {span_list(sorted(timed_out))} timed out waiting for it"
+               + (f" ({doing})" if doing else ""))
+    details = {"never_arrived": missing, "timed_out": sorted(timed_out), "world": world or None,
+               "how": "last enqueued work before the timed-out one" if behind else "not among the ranks that timed out"}
+    hang = Finding("hang", "error", summary, missing, nodes, [], [first.msg[:300]] + [t for t in last.values() if t],
+                   details)
+    return hang.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, "collective_timeout") for s in timeouts])
+
+
+def _last_line(ctx: AnalysisContext, rank: int) -> str | None:
+    out = rows(ctx.con, "SELECT msg FROM events WHERE rank = ? AND kind = 'log' AND msg IS NOT NULL "
+                        "ORDER BY ts DESC LIMIT 1", [rank])
+    return out[0]["msg"] if out else None
