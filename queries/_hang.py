@@ -40,8 +40,10 @@ def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
     con, ranks, t_max, by_rank = ctx.con, ctx.ranks, ctx.t_max, ctx.by_rank
     findings = _completed_mismatches(ctx)
     thr = ctx.cfg.stall_s * 1e9
-    silent = {r["rank"] for r in ranks if t_max - r["last_ts"] >= thr and not r["stopped"]}
-    stuck = {r["rank"] for r in ranks if r["last_progress"] is None or t_max - r["last_progress"] >= thr}
+    expected = _expected_to_progress(ranks, thr)
+    silent = {r["rank"] for r in ranks if r["rank"] in expected and t_max - r["last_ts"] >= thr and not r["stopped"]}
+    stuck = {r["rank"] for r in ranks if r["rank"] in expected
+             and (r["last_progress"] is None or t_max - r["last_progress"] >= thr)}
     if not silent and not stuck:
         return findings, {}
     info = {r["rank"]: r for r in ranks}
@@ -77,6 +79,19 @@ def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
     for rank in waiting:
         ctx.mark(rank, "waiting")
     return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
+
+
+def _expected_to_progress(ranks: list[dict[str, Any]], thr: float) -> set[int]:
+    """Ranks whose quiet means something: they send heartbeats, or they made steps while the others went on.
+
+    A stream with neither (a launcher's lines, a comms table, a warning, random bytes) never
+    promised progress, so its end says nothing; nor does the end of a rank's steps when no
+    other rank stepped for ``thr`` after it (the job ended, or its log was cut there).
+    """
+    last_step_span = max((r["last_span_ts"] or 0 for r in ranks), default=0)
+    return {r["rank"] for r in ranks if r["beat_ts"] is not None
+            or (r["last_step"] is not None and r["last_span_ts"] is not None
+                and last_step_span - (r["last_progress"] or r["last_ts"]) >= thr)}
 
 
 def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]],

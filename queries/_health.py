@@ -2,11 +2,11 @@
 
 Rules (thresholds in :class:`AnalysisConfig`):
 
-* ``loss_nan`` / ``grad_nan``: the first step a rank reported a non-finite loss / grad norm.
+* ``nan_loss`` / ``grad_nan``: the first step a rank reported a non-finite loss / grad norm.
 * ``loss_spike``: Megatron's rule, a loss above ``spike_factor`` × the max |loss| of the
   previous ``spike_window`` values; or the robust rule, a loss ``spike_z`` robust standard
   deviations (IQR / 1.349) above the trailing median and ``spike_min_rel`` above it.
-* ``grad_norm_high`` (above ``grad_norm_max`` when set) and ``grad_norm_explosion``
+* ``grad_norm_high`` (above ``grad_norm_max`` when set) and ``grad_explosion``
   (``grad_explode_factor`` × the trailing median).
 * ``loss_scale_collapse``: the fp16 loss scale at or below ``loss_scale_min``.
 * ``lr_anomaly``: a non-finite or negative learning rate, ranks that disagree on it at
@@ -41,7 +41,7 @@ def analyze_health(ctx: AnalysisContext) -> list[Finding]:
     """Every rule of the module docstring, in its order; each reads what it needs from ``ctx``."""
     con, cfg = ctx.con, ctx.cfg
     out: list[Finding] = []
-    out += _nonfinite(con, "loss", "loss_nan", "loss is NaN/Inf")
+    out += _nonfinite(con, "loss", "nan_loss", "loss is NaN/Inf")
     out += _nonfinite(con, "grad_norm", "grad_nan", "gradient norm is NaN/Inf")
     out += _loss_spikes(con, cfg)
     out += _grad_norm(con, cfg)
@@ -140,7 +140,7 @@ def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
         [cfg.grad_explode_factor],
     )[0]
     if ex["n"]:
-        f = Finding("grad_norm_explosion", "warning",
+        f = Finding("grad_explosion", "warning",
                     f"gradient norm exploded from step {ex['step']}: up to {ex['ratio']:.0f}x its recent median "
                     f"({ex['worst']:.4g}; {ex['n']} values on ranks {span_list(ex['ranks'])})",
                     ex["ranks"], [], ex["steps"][:20], [], {"count": ex["n"], "max_ratio": ex["ratio"]})
@@ -154,8 +154,8 @@ def _loss_scale(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
                              arg_min(loss_scale, step) FILTER (WHERE loss_scale <= ?) AS first_value
                       FROM mets WHERE loss_scale IS NOT NULL""",
               [cfg.loss_scale_min] * 4)[0]
-    if not ls["n"]:
-        return []
+    if not ls["n"] or ls["peak"] <= cfg.loss_scale_min:
+        return []  # never above the floor: bf16 and fp32 runs report a constant 1.0, nothing fell
     f = Finding("loss_scale_collapse", "error",
                 f"fp16 loss scale collapsed to {ls['first_value']:g} at step {ls['step']} (peak {ls['peak']:g}): "
                 f"gradients overflow every step, so updates are being skipped (ranks {span_list(ls['ranks'])})",

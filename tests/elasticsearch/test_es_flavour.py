@@ -62,7 +62,7 @@ def test_ship_and_trace_a_job_through_elasticsearch(es_shim, namespace, tmp_path
     es = analyze(load_elasticsearch("es-flavour-job", url=es_shim.url, time_range=all_time(), page_size=300))
     local = analyze(load_local(data, "es-flavour-job"))
     assert report_without_source(local) == report_without_source(es)
-    assert {"slow_rank", "loss_nan"} <= {f.kind for f in es.findings}
+    assert {"slow_rank", "nan_loss"} <= {f.kind for f in es.findings}
     paths = [(m, p.split("?")[0]) for m, p, _ in es_shim.requests]
     assert ("POST", "/logs-jobtrace-*,metrics-jobtrace-*,traces-jobtrace-*/_pit") in paths
     assert ("DELETE", "/_pit") in paths

@@ -53,7 +53,7 @@ def test_paged_point_in_time_read_gives_the_embedded_store_report(opensearch, sh
     assert n == job.stats.events == job.stats.lines
     remote = analyze(job)
     assert report_without_source(analyze(load_local(data, "victim"))) == report_without_source(remote)
-    assert {"slow_rank", "loss_nan"} <= {f.kind for f in remote.findings}
+    assert {"slow_rank", "nan_loss"} <= {f.kind for f in remote.findings}
 
 
 def test_a_hung_job_names_the_stalled_rank_as_the_embedded_store_does(opensearch, shipped_jobs):

@@ -129,7 +129,7 @@ def test_trace_job_on_the_node_gives_the_embedded_store_report(slow_nan_job):
     assert report_without_source(local) == report_without_source(remote)
     kinds = {f.kind: f for f in remote.findings}
     assert [1] == kinds["slow_rank"].ranks
-    assert 8 == kinds["loss_nan"].steps[0] and 0 in kinds["loss_nan"].ranks
+    assert 8 == kinds["nan_loss"].steps[0] and 0 in kinds["nan_loss"].ranks
     assert remote.source.startswith("elasticsearch:http://127.0.0.1")
 
 

@@ -179,7 +179,7 @@ class TestReport:
         remote = analyze(remote_job)
         assert remote.source == "loki:http://loki:3100/loki/api/v1"
         assert _comparable(remote) == _comparable(local)
-        assert {f.kind for f in remote.findings} >= {"slow_rank", "loss_nan"}
+        assert {f.kind for f in remote.findings} >= {"slow_rank", "nan_loss"}
 
     def test_a_job_of_1000_ranks_is_fast(self, tmp_path):
         """1,000 ranks: every event comes back (checked by the report's event count and per-rank summary)."""

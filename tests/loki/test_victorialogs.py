@@ -94,7 +94,7 @@ class TestShippedJob:
         remote_d.pop("source")
         assert remote_d == local
         kinds = [f["kind"] for f in remote_d["findings"]]
-        assert "slow_rank" in kinds and "loss_nan" in kinds
+        assert "slow_rank" in kinds and "nan_loss" in kinds
         assert next(f for f in remote_d["findings"] if f["kind"] == "slow_rank")["ranks"] == [2]
 
     def test_trace_job_cli_on_victorialogs(self, vl, shipped):
@@ -109,4 +109,4 @@ class TestShippedJob:
         assert result.exit_code == 1, result.output
         report = json.loads(result.output)
         assert report["ranks"] == 4 and report["steps"] == 12
-        assert {f["kind"] for f in report["findings"]} >= {"slow_rank", "loss_nan"}
+        assert {f["kind"] for f in report["findings"]} >= {"slow_rank", "nan_loss"}

@@ -54,7 +54,7 @@ def test_embedded_store_names_all_three_faults(faulty_job):
     job_id, data = faulty_job
     found = verdicts(analyze(load_local(data, job_id), CFG))
     assert ("stalled_rank", [3]) in found
-    assert ("loss_nan", [0]) in found
+    assert ("nan_loss", [0]) in found
     assert any(kind in ("slow_rank", "late_arrival") and ranks == [1] for kind, ranks in found), found
 
 

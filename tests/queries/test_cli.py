@@ -58,7 +58,7 @@ class TestJsonReport:
     def test_nan_and_spike(self, tmp_path):
         write_job(tmp_path, SynthJob(job_id="nan", ranks=4, steps=30, nan_step=17))
         report = orjson.loads(trace_job("nan", "--data-dir", str(tmp_path), "--json").stdout)
-        (nan,) = [f for f in report["findings"] if f["kind"] == "loss_nan"]
+        (nan,) = [f for f in report["findings"] if f["kind"] == "nan_loss"]
         assert nan["steps"] == [17] and nan["ranks"] == [0, 1, 2, 3]
 
 

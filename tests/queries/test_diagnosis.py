@@ -245,7 +245,7 @@ class TestHealth:
 
         _rewrite_metrics(tmp_path / "g", edit)
         report = analyze(load_local(tmp_path, "g"))
-        (gn,) = by_kind(report, "grad_norm_explosion")
+        (gn,) = by_kind(report, "grad_explosion")
         assert gn.steps == [30]
         (ls,) = by_kind(report, "loss_scale_collapse")
         assert ls.steps == [20]

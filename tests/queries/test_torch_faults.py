@@ -103,7 +103,7 @@ def test_nan_loss_and_memory_leak_from_their_steps(store):
     rc, report = run(store, "nan-leak", ranks=2, steps=14, nan_step=6, nan_rank=0, leak_ranks=[1], leak_step=4,
                      leak_mb=16)
     assert rc == 0
-    nan = one(report, "loss_nan")
+    nan = one(report, "nan_loss")
     assert nan.steps == [6] and nan.ranks == [0] and nan.refs[0]["step"] == 6
     leak = one(report, "memory_leak")
     assert leak.ranks == [1] and leak.details["start_step"] == 4 and 12 < leak.details["mb_per_step"] < 20

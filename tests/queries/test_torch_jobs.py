@@ -111,5 +111,5 @@ class TestHang:
 class TestLoss:
     def test_nan_loss_is_reported_at_its_first_step(self, tmp_path):
         rc, report = run(tmp_path, "nan", ranks=2, nan_step=6, steps=10)
-        nan = [f for f in report.findings if f.kind == "loss_nan"]
+        nan = [f for f in report.findings if f.kind == "nan_loss"]
         assert len(nan) == 1 and nan[0].steps == [6] and nan[0].ranks == [0]
