@@ -62,3 +62,46 @@ def test_sources_are_not_repeated():
         key = (d["source"], d["where"])
         assert key not in seen, f"{meta.stem} repeats {seen[key]}"
         seen[key] = meta.stem
+
+
+# --- the verdicts (issue 19): every excerpt's expected verdict, through ingest and trace-job's analysis -------------
+KNOWN_WRONG_FILE = CORPUS / "known_wrong.txt"
+
+
+def _known_wrong() -> dict[str, str]:
+    """``family/slug  why`` per line: the excerpts the analysis still gets wrong, each with what it says instead."""
+    out = {}
+    for line in KNOWN_WRONG_FILE.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            slug, _, why = line.partition(" ")
+            out[slug] = why.strip()
+    return out
+
+
+KNOWN_WRONG = _known_wrong()
+
+
+def _verdict_params():
+    for meta in METAS:
+        slug = f"{meta.parent.name}/{meta.stem}"
+        marks = [pytest.mark.xfail(strict=True, reason=f"issue 19, still wrong: {KNOWN_WRONG[slug]}")] \
+            if slug in KNOWN_WRONG else []
+        yield pytest.param(meta, id=slug, marks=marks)
+
+
+@pytest.mark.parametrize("meta", list(_verdict_params()))
+def test_the_verdict_on_a_real_log_is_the_expected_one(meta: Path, tmp_path: Path):
+    """Scored as ``benchmarks/bench_verdicts.py`` scores it (one rule for both): a healthy excerpt gets no
+    error or warning; any other gets a finding of its root cause's kind naming its ranks. A known-wrong
+    excerpt is a strict xfail: the day the analysis gets it right, this fails until the list says so."""
+    from benchmarks.bench_verdicts import score, verdict
+
+    expected = json.loads(meta.read_text())
+    findings, outcome = verdict(meta.with_suffix(".log"), "v", tmp_path)
+    assert findings is not None, outcome
+    assert score(expected, findings, outcome), [(f.kind, f.severity, f.ranks, f.summary[:100]) for f in findings]
+
+
+def test_the_known_wrong_list_names_only_excerpts_that_exist():
+    slugs = {f"{m.parent.name}/{m.stem}" for m in METAS}
+    assert set(KNOWN_WRONG) <= slugs, set(KNOWN_WRONG) - slugs
