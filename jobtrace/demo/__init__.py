@@ -58,21 +58,23 @@ class DemoConfig:
     quiet: bool = True
 
 
-def _last_progress_ns(directory: Path) -> int:
-    """Newest non-heartbeat event time in the store (cheap: reads file tails)."""
+def _last_progress_ns(directory: Path) -> tuple[int, bool]:
+    """Newest non-heartbeat event time in the store (cheap: reads file tails), and whether a step is among them."""
     newest = 0
+    stepping = False
     for path in glob.glob(str(directory / "*.jsonl")):
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 65536))
             for line in fh.read().splitlines():
+                stepping = stepping or b'"cat":"step"' in line
                 if b'"kind":"heartbeat"' in line or b'"logger":"jobtrace' in line:
                     continue
                 try:
                     newest = max(newest, int(line[6:line.index(b",")]))
                 except ValueError:
                     continue
-    return newest
+    return newest, stepping
 
 
 def run_job(cfg: DemoConfig) -> int:
@@ -116,11 +118,17 @@ def run_job(cfg: DemoConfig) -> int:
     deadline = time.monotonic() + cfg.timeout_s
     # Only a job with an injected hang is stopped on a stall: a loaded machine can pause a
     # healthy job for seconds, and stopping it would fake the very fault under test.
+    # Start-up (importing torch, forming the group) can outlast the threshold on a loaded machine
+    # too, so the watch begins once some rank has finished a step.
     watch = cfg.hang_rank is not None or cfg.mismatch_rank is not None
+    stepping = False
     while proc.poll() is None:
         time.sleep(0.5)
-        progress = _last_progress_ns(directory) if watch else 0
-        stalled = progress and (time.time_ns() - progress) / 1e9 > cfg.stall_s + 2 * cfg.heartbeat_s
+        progress = 0
+        if watch:
+            progress, seen = _last_progress_ns(directory)
+            stepping = stepping or seen
+        stalled = stepping and progress and (time.time_ns() - progress) / 1e9 > cfg.stall_s + 2 * cfg.heartbeat_s
         if stalled or time.monotonic() > deadline:
             _stop(proc)
             return -1
