@@ -232,6 +232,7 @@ class TestHealth:
         _rewrite_metrics(tmp_path / "r", spike)
         (f,) = by_kind(analyze(load_local(tmp_path, "r")), "loss_spike")
         assert f.steps == [40] and f.ranks == [1] and f.details["rules"] == ["robust"]
+        assert f.severity == "info"  # 4x is below the stated 10x rule: shown, exit 0
 
     def test_grad_norm_loss_scale_and_lr_anomalies(self, tmp_path):
         write_job(tmp_path, SynthJob(job_id="g", ranks=4, steps=40))
