@@ -60,8 +60,9 @@ def analyze_failures(ctx: AnalysisContext) -> list[Finding]:
     seen = _read(ctx)
     if not seen:
         return []
-    typed = {s.stream_rank for s in seen if s.failure.kind == "python_exception" and "exception" in s.failure.facts}
-    # a frame or an untyped traceback of a stream whose exception line is there too belongs to that exception
+    typed = {s.stream_rank for s in seen if s.failure.kind != "python_exception" or "exception" in s.failure.facts}
+    # a frame or an untyped traceback of a stream whose error line is there too (an exception, a timeout, a lost
+    # peer) belongs to that error
     seen = [s for s in seen if not (s.failure.kind == "python_exception" and "exception" not in s.failure.facts
                                     and s.stream_rank in typed)]
     groups: dict[tuple[str, str], list[_Seen]] = defaultdict(list)
@@ -124,7 +125,7 @@ _TITLES: Final = {
     "cuda_oom": "CUDA out of memory", "hardware_fault": "hardware fault", "collective_mismatch": "collective mismatch",
     "hang": "hang", "collective_timeout": "collective timeout", "nccl_error": "NCCL error",
     "process_exit": "process exited with an error", "host_oom": "killed (SIGKILL; likely the host's OOM killer)",
-    "python_exception": "Python exception",
+    "python_exception": "Python exception", "peer_lost": "lost the connection to a peer (it likely crashed)",
 }
 
 
@@ -242,7 +243,10 @@ def _never_arrived(ctx: AnalysisContext, groups: dict[tuple[str, str], list[_See
     known = {r["rank"] for r in ctx.ranks if not r.get("rank_est")}
     world = max((r["world"] or 0 for r in ctx.ranks), default=0)
     members = known | timed_out
-    missing = sorted(behind or (members - timed_out))
+    # a rank that lost its peers or raised is not silent: it arrived, and failed when the others went away
+    reported = {s.rank for (kind, _), items in groups.items() if kind in ("peer_lost", "nccl_error", "python_exception")
+                for s in items}
+    missing = sorted(behind or (members - timed_out - reported))
     if not missing or (not behind and (len(missing) * 2 > len(members) or len(members) < 2)):
         return None
     first = min(timeouts, key=lambda s: s.ts)

@@ -117,6 +117,10 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
     Signature("collective_mismatch", re.compile(
         r"\[(?P<a>\d+)\] finished collective #(?P<seq>\d+), but didn't join collective #(?P<next>\d+)"),
         lambda m: {"rank_a": int(m.group("a")), "seq": int(m.group("seq")), "next": int(m.group("next"))}),
+    # gloo transport/tcp/pair.cc: the peer's process went away (it crashed, or was killed): a consequence
+    Signature("peer_lost", re.compile(
+        r"gloo/transport/tcp/pair\.cc:\d+\] Connection (?:closed|reset) by peer(?: \[(?P<peer>[^\]]+)\]:(?P<port>\d+))?"),
+        lambda m: {"backend": "gloo"} | ({"peer": f"{m.group('peer')}:{m.group('port')}"} if m.group("peer") else {})),
     # ProcessGroupNCCL's heartbeat monitor; Horovod's stall inspector
     Signature("hang", re.compile(
         r"Heartbeat monitor timed out|watchdog got stuck for (?P<stuck>\d+) seconds"
@@ -176,13 +180,13 @@ PREFILTER: Final = (
     r"|NVLink|Got completion|mismatch between collectives|didn't join|Heartbeat monitor|got stuck|subset of ranks"
     r"|operation timeout|Timed out|timed out|Timeout waiting|detected by watchdog|nccl\w*Error|NCCL|unhandled"
     r"|Caught signal|exitcode|exited with|exit status|return code|received by PID|Killed process|oom-kill|Error|Exception"
-    r"|Interrupt|File \""
+    r"|Interrupt|File \"|by peer"
 )
 """One regular expression that every line :func:`classify` can accept matches (the store scans with it)."""
 
 CAUSE_RANK: Final[dict[str, int]] = {
     "cuda_oom": 0, "hardware_fault": 0, "collective_mismatch": 1, "nccl_error": 2, "python_exception": 3,
-    "host_oom": 3, "hang": 4, "collective_timeout": 5, "process_exit": 6,
+    "host_oom": 3, "hang": 4, "collective_timeout": 5, "peer_lost": 5, "process_exit": 6,
 }
 """How likely a kind is the root cause rather than a consequence of another failure (lower: more).
 
@@ -198,6 +202,10 @@ _RANK_IN_TEXT: Final = re.compile(
     r"|\brank (?P<r4>\d+) nranks \d+|\bfrom rank (?P<r5>\d+)\b|^\[\d+,(?P<r6>\d+)\]<std(?:out|err)>:")
 _NCCL_HEAD: Final = re.compile(r"(?:^|\s)(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] ")
 _SIGNAL_HOST: Final = re.compile(r"\[(?P<host>[A-Za-z0-9][\w.-]*):(?P<pid>\d+) ?:\d+:\d+\] Caught signal")
+
+
+_LEAD: Final = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s?)+")
+"""The prefixes left on a line after ingest took one off: torchrun's ``[default3]:`` before torch's ``[rank3]:``."""
 
 
 def message_rank(text: str) -> int | None:
@@ -226,7 +234,7 @@ def classify(msg: str, attrs: Mapping[str, Any] | None = None, traceback: bool =
     ``nccl_warn``: the ingest's NCCL parser read the line as an ``NCCL WARN`` and kept only its message.
     """
     a = attrs or {}
-    text = msg.strip()
+    text = _LEAD.sub("", msg.strip())
     found: Failure | None = Failure("process_exit") if a.get("exit_code") is not None else None
     for sig in () if found else SIGNATURES:
         m = sig.pattern.search(text)

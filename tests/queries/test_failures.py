@@ -137,4 +137,4 @@ def test_classify_takes_any_text(text):
     failure = classify(text)
     assert failure is None or failure.kind in {"cuda_oom", "hardware_fault", "collective_mismatch", "hang",
                                                "collective_timeout", "nccl_error", "process_exit", "host_oom",
-                                               "python_exception"}
+                                               "python_exception", "peer_lost"}
