@@ -151,11 +151,94 @@ def analyze_stragglers(ctx: AnalysisContext) -> tuple[list[Finding], list[NodeSu
         )
         findings.append(f.cite(_step_refs(con, [r["rank"]], wr["first_slow"], wr["last_slow"])))
         ctx.mark(r["rank"], "slow")
+    if not chronic and not episodic:
+        findings += _phase_split(ctx)
     named = {x for f in findings for x in f.ranks}
     findings += _one_offs(ctx, named)
     info["reference_compute_ms"] = ms(ref)
     info["fastest_compute_ms"] = ms(fastest)
     return findings, nodes, info
+
+
+_PHASES = (("forward", "fwd_ns"), ("backward", "bwd_ns"), ("optimizer", "opt_ns"))
+_EPISODE_STEPS = 5
+"""Consecutive flagged steps that make a slow episode of the phase split (fewer are a busy machine's noise)."""
+
+
+def _phase_split(ctx: AnalysisContext) -> list[Finding]:
+    """The straggler of a synchronised job whose steps say only how long each phase took.
+
+    In data-parallel training every rank leaves the gradient all-reduce together, so step times
+    are the same on every rank and "compute" (step minus collectives minus data) is too when the
+    log names no collective: a slow rank's long forward is matched by the others' long backward,
+    where they wait for it. Per step, a rank is the straggler when one phase of it is at least
+    ``slow_factor`` x and ``min_excess_ms`` (and a tenth of the step) over the median rank's, and a later phase of the
+    other ranks is longer than its own by at least half that excess (the wait moved there).
+    Flagged in ``chronic_fraction`` of the steps: ``slow_rank``; in a run of :data:`_EPISODE_STEPS` or more: ``slow_episode``.
+    """
+    cfg = ctx.cfg
+    data = rows(ctx.con, f"SELECT rank, step, step_ns, fwd_ns, bwd_ns, opt_ns FROM steps WHERE {AFTER_WARMUP} "
+                         "AND fwd_ns IS NOT NULL AND bwd_ns IS NOT NULL AND coll_ns = 0 ORDER BY step, rank",
+                ctx.warm_params())
+    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in data:
+        by_step.setdefault(r["step"], {})[r["rank"]] = r
+    flagged: dict[int, list[tuple[int, str, float]]] = {}
+    steps = sorted(s for s, rs in by_step.items() if len(rs) >= 2)
+    for step in steps:
+        ranks = by_step[step]
+        # an excess under a tenth of the step is the noise of a busy machine, not a rank the job waits for
+        floor = max(cfg.min_excess_ms * 1e6, 0.1 * statistics.median(v["step_ns"] or 0 for v in ranks.values()))
+        for i, (phase, col) in enumerate(_PHASES[:-1]):
+            vals = {r: v[col] or 0 for r, v in ranks.items()}
+            med = statistics.median(vals.values())
+            rank = max(vals, key=lambda r: (vals[r], -r))
+            excess = vals[rank] - med
+            if excess < floor or vals[rank] < cfg.slow_factor * med:
+                continue
+            later = [c for _, c in _PHASES[i + 1:]]
+            others = [r for r in ranks if r != rank]
+            wait = statistics.median(sum(ranks[o][c] or 0 for c in later) for o in others) \
+                - sum(ranks[rank][c] or 0 for c in later)
+            if wait >= excess / 2:
+                flagged.setdefault(rank, []).append((step, phase, excess))
+                break
+    out = []
+    for rank, hits in sorted(flagged.items()):
+        hit_steps = [h[0] for h in hits]
+        phase = statistics.mode(h[1] for h in hits)
+        excess_ms = statistics.median(h[2] for h in hits) / 1e6
+        node = ctx.by_rank[rank].node if rank in ctx.by_rank else ""
+        run = _longest_run(hit_steps, steps)
+        share = len(hits) / len(steps)
+        if share >= cfg.chronic_fraction:
+            kind, what = "slow_rank", f"on {len(hits)} of {len(steps)} steps"
+        elif len(run) >= _EPISODE_STEPS:
+            kind, what = "slow_episode", f"over steps {run[0]}–{run[-1]} and recovered"
+        else:
+            continue
+        f = Finding(kind, "warning",
+                    f"rank {rank} on node {node} is slow in {phase} {what}: {excess_ms:.1f} ms over the median rank "
+                    f"(median), while the others wait for it in the phases after (their step times match: the "
+                    f"job is synchronised)",
+                    [rank], [node], [run[0], run[-1]] if kind == "slow_episode" else [], [],
+                    {"phase": phase, "excess_ms": round(excess_ms, 3), "steps_flagged": len(hits),
+                     "steps": len(steps), "rule": "phase split", "chronic": kind == "slow_rank"})
+        out.append(f.cite(_step_refs(ctx.con, [rank], hit_steps[0], hit_steps[-1])))
+        ctx.mark(rank, "slow")
+    return out
+
+
+def _longest_run(hits: list[int], steps: list[int]) -> list[int]:
+    """The longest run of ``hits`` that are consecutive among ``steps`` (the steps every rank logged)."""
+    pos = {s: i for i, s in enumerate(steps)}
+    best: list[int] = []
+    cur: list[int] = []
+    for s in hits:
+        cur = cur + [s] if cur and pos[s] == pos[cur[-1]] + 1 else [s]
+        if len(cur) > len(best):
+            best = cur
+    return best
 
 
 def late_arrival_findings(ctx: AnalysisContext, named: set[int]) -> list[Finding]:

@@ -44,14 +44,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...], list[int] | None] | None] = {
 }
 """Per case: the kinds that name its fault and the ranks the finding must name (``None``: any)."""
 
-_SYNCED = ("a DDP step's lines are logged after its all-reduce, so every rank's step time is the same: only the "
-           "phase split (rank 2's forward long, the others' backward long) shows who the others wait for, "
-           "and the analysis does not read it yet")
 STILL_WRONG: dict[tuple[str, str], str] = {
-    ("slow_rank", "console"): f"healthy; {_SYNCED}",
-    ("slow_rank", "logdir"): f"healthy; {_SYNCED}",
-    ("slow_episode", "console"): f"throughput_drop [] first; {_SYNCED}",
-    ("slow_episode", "logdir"): f"throughput_drop [] first; {_SYNCED}",
     ("mismatch", "console"): "gloo times out or loses its peer on every rank; only rank 2's traceback site "
                              "(all_gather, the others' loss.backward) tells the mismatch, not read yet",
     ("mismatch", "logdir"): "as the console: every rank reports a timeout or a lost peer",
