@@ -11,7 +11,7 @@ use super::python_logging::LEVELS;
 use super::stream::{LAYOUT_DEEPSPEED, LAYOUT_NONE, LAYOUT_OTHER};
 use super::timestamps::{day_and_second, digits, utc_ns};
 use super::{metric_value, printable, FastLane, GiveBack, Moment};
-use crate::line_writer::{layout_span, log_event, metric_event, step_metric, step_span, LayoutSpan, StepSpan};
+use crate::line_writer::{is_plain, layout_span, log_event, metric_event, step_metric, step_span, LayoutSpan, StepSpan};
 
 /// A "deepspeed" head: date, time of day and fraction digits, level (`None` for a word that names none),
 /// logger (`file:line:func`), and where the message starts.
@@ -260,7 +260,8 @@ impl FastLane {
                     own_span = match state.get_item("span").map_err(|_| GiveBack)? {
                         None => None,
                         Some(v) if v.is_none() => None,
-                        Some(v) => Some(v.extract::<String>().map_err(|_| GiveBack)?),
+                        // the phases' parent, written as it is: an id that would need escaping is Python's
+                        Some(v) => Some(v.extract::<String>().ok().filter(|id| is_plain(id.as_bytes())).ok_or(GiveBack)?),
                     };
                     v
                 }

@@ -5,7 +5,7 @@
 //!
 //! `open` is `{` and the identity fields and `,` (`dict_open`); `ts` already has the stream's clock offset.
 
-use super::json::{int_field, json_str, push_int, str_field};
+use super::json::{int_field, json_str, plain_str, push_int, str_field};
 use super::metrics::{metric_map, MetricKey, Num};
 
 /// `{` + the identity fields + `,`: what `_write` puts before an event dict's own keys.
@@ -147,12 +147,15 @@ pub(crate) fn step_span(buf: &mut Vec<u8>, open: &[u8], s: &StepSpan<'_>, times_
 /// A phase or collective span of `_util.layout_spans`: `dur` long from `start` (clock offset applied),
 /// inside the step span `parent`; a collective's attributes name its op and the parser (`source`).
 pub(crate) struct LayoutSpan<'a> {
-    pub cat: &'a str,
+    /// `"phase"` or `"collective"`: a fixed name, written without the escaping pass.
+    pub cat: &'static str,
     pub name: &'a str,
     pub step: i64,
     pub start: i64,
     pub dur: i64,
     pub id: &'a str,
+    /// The step span's id: text that needs no escape (`is_plain`), written as it is: the lane's own ids
+    /// (`new_span_id`'s hex digits), or one from a parser's state that the reader checked.
     pub parent: Option<&'a str>,
     /// `(op, source)` of a collective: `"attrs":{"op","group":"default","seq":step,"source"}`.
     pub collective: Option<(&'a str, &'a str)>,
@@ -165,7 +168,7 @@ pub(crate) struct LayoutSpan<'a> {
 pub(crate) fn layout_span(buf: &mut Vec<u8>, open: &[u8], s: &LayoutSpan<'_>, times_last: bool) {
     buf.extend_from_slice(open);
     buf.extend_from_slice(b"\"kind\":\"span\",\"cat\":");
-    json_str(buf, s.cat.as_bytes());
+    plain_str(buf, s.cat.as_bytes());
     str_field(buf, key!("name"), s.name.as_bytes());
     int_field(buf, key!("step"), s.step);
     if !times_last {
@@ -179,7 +182,8 @@ pub(crate) fn layout_span(buf: &mut Vec<u8>, open: &[u8], s: &LayoutSpan<'_>, ti
     buf.extend_from_slice(s.id.as_bytes());
     buf.push(b'"');
     if let Some(p) = s.parent {
-        str_field(buf, key!("parent_id"), p.as_bytes());
+        buf.extend_from_slice(key!("parent_id"));
+        plain_str(buf, p.as_bytes());
     }
     if let Some((op, source)) = s.collective {
         buf.extend_from_slice(b",\"attrs\":{\"op\":");

@@ -29,6 +29,21 @@ pub(crate) fn json_str(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
 }
 
+/// Whether `json_str` writes `s` as it is: no quote, backslash or control character in it (one pass without
+/// early exit, which the compiler vectorises).
+pub(crate) fn is_plain(s: &[u8]) -> bool {
+    !s.iter().fold(false, |esc, &c| esc | (c < 0x20) | (c == b'"') | (c == b'\\'))
+}
+
+/// A JSON string of text known to need no escape (a name from a fixed set, a span id's hex digits): written
+/// as it is, as `json_str` would write it (checked in debug builds; see `is_plain`).
+pub(crate) fn plain_str(out: &mut Vec<u8>, s: &[u8]) {
+    debug_assert!(is_plain(s), "text that needs escaping: {:?}", String::from_utf8_lossy(s));
+    out.push(b'"');
+    out.extend_from_slice(s);
+    out.push(b'"');
+}
+
 /// A float as orjson writes it, where that is certain: shortest round-trip digits in
 /// decimal notation, which orjson uses for magnitudes in [1e-5, 1e16); `None` elsewhere.
 pub(crate) fn json_float(x: f64) -> Option<String> {

@@ -31,7 +31,7 @@ mod time_first;
 
 pub(crate) use event_dict::{dict_open, layout_span, log_event, metric_event, nccl_event, step_metric, step_span};
 pub(crate) use event_dict::{LayoutSpan, NcclFields, StepSpan};
-pub(crate) use json::{decimal_float, json_float, json_str};
+pub(crate) use json::{decimal_float, is_plain, json_float, json_str};
 pub(crate) use metrics::{lane_writes, Chunk, Num};
 pub(crate) use time_first::{collective_line, log_line, metric_line, span_line, span_names};
 pub(crate) use time_first::{CollectiveFields, LogLine, SpanPlace, Text};
