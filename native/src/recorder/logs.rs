@@ -5,8 +5,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
-use super::queue::{hold_item, push_signal, signal, Ev, LOG};
-use super::values::given;
+use super::queue::{signal, Ev};
 use super::{now_ns, thread_ident, Recorder};
 
 /// The hot path of every logging call: the record's fields, formatted by the drain.
@@ -59,50 +58,19 @@ pub(super) fn log_record<'py>(slf: &Bound<'py, Recorder>, record: &Bound<'py, Py
     };
     let s = {
         let mut me = slf.try_borrow_mut()?;
-        if progress && thread_ident() == me.main_ident {
-            me.last_progress_ns = now_ns();
-        }
-        let (sid, step) = (me.top_id(), me.step);
+        let (sid, step) = log_place(&mut me, progress);
         me.push(Ev::Log { created, level: level.unbind(), logger: name.unbind(), msg: msg.unbind(), args, exc: None, sid, step })
     };
     signal(slf, s)
 }
 
-/// A log record's fields, prepared by Python (`_recorder.log_fields`): the slow path's queue.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn push_log(
-    slf: &Bound<'_, Recorder>,
-    created: &Bound<'_, PyAny>,
-    level: &Bound<'_, PyAny>,
-    logger: &Bound<'_, PyAny>,
-    msg: &Bound<'_, PyAny>,
-    args: &Bound<'_, PyAny>,
-    exc: &Bound<'_, PyAny>,
-    progress: bool,
-) -> PyResult<()> {
-    let py = slf.py();
-    let (sid, step) = {
-        let mut me = slf.try_borrow_mut()?;
-        if progress && thread_ident() == me.main_ident {
-            me.last_progress_ns = now_ns();
-        }
-        (me.top_id(), me.step)
-    };
-    let Some(created_f) = created.cast_exact::<PyFloat>().ok().map(|f| f.value()) else {
-        let item = PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.clone(), level.clone(), logger.clone(),
-            msg.clone(), args.clone(), exc.clone(), sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?;
-        return hold_item(slf, item.into_any());
-    };
-    push_signal(slf, Ev::Log {
-        created: created_f,
-        level: level.clone().unbind(),
-        logger: logger.clone().unbind(),
-        msg: msg.clone().unbind(),
-        args: given(args)?,
-        exc: given(exc)?,
-        sid,
-        step,
-    })
+/// Where a log record of the calling thread goes: its span (the innermost, else the root) and the step; a
+/// record that counts as progress (`progress`) on the main thread marks the time (the heartbeat's stall clock).
+pub(super) fn log_place(me: &mut Recorder, progress: bool) -> (Option<u64>, Option<i64>) {
+    if progress && thread_ident() == me.main_ident {
+        me.last_progress_ns = now_ns();
+    }
+    (me.top_id(), me.step)
 }
 
 /// The Python recorder's path for a record the compiled one does not take as it is.

@@ -35,7 +35,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
 use crate::line_writer::{Chunk, Num};
 
@@ -48,7 +48,7 @@ mod span;
 mod values;
 
 use collective::{Collective, Group, InCollective};
-use queue::{signal, Buffers, Ev};
+use queue::{hold_item, push_signal, signal, Buffers, Ev, LOG};
 use rss::Rss;
 use span::{entry_span, Frame, Span};
 use values::{exact_i64, given, json_of, key_json, named_of, number, opt_i64, SCI_STYLE};
@@ -428,7 +428,23 @@ impl Recorder {
         exc: &Bound<'_, PyAny>,
         progress: bool,
     ) -> PyResult<()> {
-        logs::push_log(slf, created, level, logger, msg, args, exc, progress)
+        let py = slf.py();
+        let (sid, step) = logs::log_place(&mut *slf.try_borrow_mut()?, progress);
+        let Some(created_f) = created.cast_exact::<PyFloat>().ok().map(|f| f.value()) else {
+            let item = PyTuple::new(py, [LOG.into_pyobject(py)?.into_any(), created.clone(), level.clone(), logger.clone(),
+                msg.clone(), args.clone(), exc.clone(), sid.into_pyobject(py)?.into_any(), step.into_pyobject(py)?.into_any()])?;
+            return hold_item(slf, item.into_any());
+        };
+        push_signal(slf, Ev::Log {
+            created: created_f,
+            level: level.clone().unbind(),
+            logger: logger.clone().unbind(),
+            msg: msg.clone().unbind(),
+            args: given(args)?,
+            exc: given(exc)?,
+            sid,
+            step,
+        })
     }
 
     /// `log_metrics`: plain numbers (and CPU tensors, read now) queued here; anything else by Python.
