@@ -332,20 +332,20 @@ impl Recorder {
     /// call where the package's function is a Python frame and then one (~1.2 µs a call in a step).
     #[pyo3(signature = (i, **attrs))]
     fn step_span(slf: &Bound<'_, Self>, i: &Bound<'_, PyAny>, attrs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        entry_span(slf, intern!(py, "step"), intern!(py, "step"), Some(i), attrs)
+        let step = intern!(slf.py(), "step");
+        entry_span(slf, || Self::span(slf, step, step, Some(i), attrs.map(Bound::as_any)))
     }
 
     /// `otel_instrumentation.phase(name, **attrs)` while this recorder traces.
     #[pyo3(signature = (name, **attrs))]
     fn phase(slf: &Bound<'_, Self>, name: &Bound<'_, PyAny>, attrs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
-        entry_span(slf, name, intern!(slf.py(), "phase"), None, attrs)
+        entry_span(slf, || Self::span(slf, name, intern!(slf.py(), "phase"), None, attrs.map(Bound::as_any)))
     }
 
     /// `otel_instrumentation.span(name, **attrs)` while this recorder traces.
     #[pyo3(signature = (name, **attrs))]
     fn user_span(slf: &Bound<'_, Self>, name: &Bound<'_, PyAny>, attrs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
-        entry_span(slf, name, intern!(slf.py(), "user"), None, attrs)
+        entry_span(slf, || Self::span(slf, name, intern!(slf.py(), "user"), None, attrs.map(Bound::as_any)))
     }
 
     /// `otel_instrumentation.log_metrics(step=None, **values)` while this recorder traces.

@@ -20,18 +20,13 @@ pub(super) struct Frame {
     pub(super) step: Option<i64>,
 }
 
-/// A span for the package's entry points, or the null span once the recorder is retired.
-pub(super) fn entry_span(
-    rec: &Bound<'_, Recorder>,
-    name: &Bound<'_, PyAny>,
-    cat: &Bound<'_, PyString>,
-    step: Option<&Bound<'_, PyAny>>,
-    attrs: Option<&Bound<'_, PyDict>>,
-) -> PyResult<Py<PyAny>> {
+/// The span an entry point of the package makes (`make`, with `Recorder::span`), or the null span once the
+/// recorder is retired.
+pub(super) fn entry_span(rec: &Bound<'_, Recorder>, make: impl FnOnce() -> PyResult<Py<Span>>) -> PyResult<Py<PyAny>> {
     if let Some(null) = &rec.try_borrow()?.retired {
         return Ok(null.clone_ref(rec.py()));
     }
-    Ok(Recorder::span(rec, name, cat.as_any(), step, attrs.map(|a| a.as_any()))?.into_any())
+    Ok(make()?.into_any())
 }
 
 /// `with rec.span(...)`: enter pushes a frame on the calling thread's stack, exit queues the span.
