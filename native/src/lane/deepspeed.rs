@@ -10,7 +10,7 @@ use super::generic_step::{find_step, next_pair};
 use super::python_logging::LEVELS;
 use super::stream::{LAYOUT_DEEPSPEED, LAYOUT_NONE, LAYOUT_OTHER};
 use super::timestamps::{day_and_second, digits, utc_ns};
-use super::{metric_value, printable, FastLane, GiveBack, Moment};
+use super::{metric_value, printable, FastLane, GiveBack, LineAt, Moment};
 use crate::line_writer::{is_plain, layout_span, log_event, metric_event, step_metric, step_span, LayoutSpan, StepSpan};
 
 /// A "deepspeed" head: date, time of day and fraction digits, level (`None` for a word that names none),
@@ -110,15 +110,9 @@ impl FastLane {
 
     /// A DeepSpeed logger line (`[date time] [LEVEL] [file:line:func] …`) with a progress or timer message, as
     /// `DeepSpeedParser` reads it; everything else that starts with `[` is given back.
-    pub(super) fn deepspeed_line(
-        &mut self,
-        py: Python<'_>,
-        si: usize,
-        label: Option<u32>,
-        text: &[u8],
-        ids: &[usize],
-    ) -> Result<bool, GiveBack> {
-        self.first_then_generic(self.c.deepspeed, ids)?;
+    pub(super) fn deepspeed_line(&mut self, py: Python<'_>, l: LineAt<'_>) -> Result<bool, GiveBack> {
+        self.first_then_generic(self.c.deepspeed, l.ids)?;
+        let si = l.si;
         {
             let st = &self.streams[si];
             // Python's head parser tries its last layout first: only these read a DeepSpeed head as "deepspeed" does.
@@ -126,8 +120,8 @@ impl FastLane {
                 return Err(GiveBack);
             }
         }
-        let (h, ts, day) = self.ds_stamp(text).ok_or(GiveBack)?;
-        let body = &text[h.body_at..];
+        let (h, ts, day) = self.ds_stamp(l.text).ok_or(GiveBack)?;
+        let body = &l.text[h.body_at..];
         if body.len() > self.cap || !printable(body) || !printable(h.logger) {
             return Err(GiveBack);
         }
@@ -150,49 +144,43 @@ impl FastLane {
             return Err(GiveBack); // throughput, overflow, loss scale, launcher lines: Python's
         };
         // Written: the line itself, then the parser's events.
-        let (out, offset, open) = self.begin_write(si, ts, ("deepspeed", day), LAYOUT_DEEPSPEED);
-        let buf = self.out_buf(out);
-        let t = ts + offset;
         let logger = if h.logger.is_empty() { None } else { Some(h.logger) };
-        log_event(buf, &open, h.level.unwrap_or("INFO"), body, logger, t, false);
-        let mut spans = 0u64;
-        let mut metrics = 0u64;
-        for ev in &events {
-            match ev {
-                // progress: {"kind","step","metrics"}; timers: {"kind","metrics","step"}
-                DsEvent::Metric { step: Some((st, true)), metrics: m } => step_metric(buf, &open, *st, m, t, false),
-                DsEvent::Metric { step, metrics: m } => metric_event(buf, &open, m, false, step.map(|s| s.0), t, false),
-                DsEvent::StepSpan { step, dur, id, source } => {
-                    step_span(buf, &open, &StepSpan { step: *step, dur: *dur, id, source, end: t }, false, false);
-                }
-                DsEvent::Part { step, name, cat, start, dur, id, parent, collective } => {
-                    let span = LayoutSpan {
-                        cat,
-                        name,
-                        step: *step,
-                        start: start + offset,
-                        dur: *dur,
-                        id,
-                        parent: parent.as_deref(),
-                        collective: collective.then_some(("all_reduce", "deepspeed-timers")),
-                    };
-                    layout_span(buf, &open, &span, false);
+        let t = self.write_dated(si, ts, ("deepspeed", day), LAYOUT_DEEPSPEED, |buf, open, offset| {
+            let t = ts + offset;
+            log_event(buf, open, h.level.unwrap_or("INFO"), body, logger, t, false);
+            for ev in &events {
+                match ev {
+                    // progress: {"kind","step","metrics"}; timers: {"kind","metrics","step"}
+                    DsEvent::Metric { step: Some((st, true)), metrics: m } => step_metric(buf, open, *st, m, t, false),
+                    DsEvent::Metric { step, metrics: m } => metric_event(buf, open, m, false, step.map(|s| s.0), t, false),
+                    DsEvent::StepSpan { step, dur, id, source } => {
+                        step_span(buf, open, &StepSpan { step: *step, dur: *dur, id, source, end: t }, false, false);
+                    }
+                    DsEvent::Part { step, name, cat, start, dur, id, parent, collective } => {
+                        let span = LayoutSpan {
+                            cat,
+                            name,
+                            step: *step,
+                            start: start + offset,
+                            dur: *dur,
+                            id,
+                            parent: parent.as_deref(),
+                            collective: collective.then_some(("all_reduce", "deepspeed-timers")),
+                        };
+                        layout_span(buf, open, &span, false);
+                    }
                 }
             }
-            match ev {
-                DsEvent::Metric { .. } => metrics += 1,
-                _ => spans += 1,
-            }
-        }
+        });
+        let metrics = events.iter().filter(|ev| matches!(ev, DsEvent::Metric { .. })).count() as u64;
         for ev in &events {
             if let DsEvent::StepSpan { step, source: "deepspeed", .. } = ev {
-                self.sync.push((label, *step, t));
+                self.sync.push((l.label, *step, t));
             }
         }
-        self.streams[si].open = open;
         self.counts.logs += 1;
         self.counts.metrics += metrics;
-        self.counts.spans += spans;
+        self.counts.spans += events.len() as u64 - metrics;
         self.counts.deepspeed += 1;
         Ok(true)
     }

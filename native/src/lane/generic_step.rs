@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use super::python_logging::{strict_head, Head};
 use super::stream::LAYOUT_ISO;
 use super::timestamps::num;
-use super::{metric_value, FastLane, GiveBack, Moment};
+use super::{metric_value, FastLane, GiveBack, LineAt, Moment};
 use crate::line_writer::{layout_span, log_event, step_metric, step_span, LayoutSpan, StepSpan};
 
 /// The units a pair may have (`_PAIR`'s `unit` group); a role is cached by key and unit (0: none, then these + 1).
@@ -252,16 +252,8 @@ impl FastLane {
 
     /// A step line of the generic parser (`ingest/parsers/generic.py`), for the lines whose every pair
     /// it can write exactly; its events spliced as the Python engine's `_write` encodes them.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn step_line(
-        &mut self,
-        py: Python<'_>,
-        si: usize,
-        label: Option<u32>,
-        (ts, day): (i64, i64),
-        h: &Head<'_>,
-        body: &[u8],
-    ) -> Result<bool, GiveBack> {
+    pub(super) fn step_line(&mut self, py: Python<'_>, l: LineAt<'_>, (ts, day): (i64, i64), h: &Head<'_>) -> Result<bool, GiveBack> {
+        let (si, body) = (l.si, &l.text[h.body_at..]);
         // Outside printable ASCII (and tab), `\w`, `\s` and case folding differ between Python and Rust.
         if body.len() > self.cap || !body.iter().all(|&c| (0x20..0x7f).contains(&c) || c == b'\t') {
             return Err(GiveBack);
@@ -324,38 +316,38 @@ impl FastLane {
                 }
             }
         }
-        let (out, offset, open) = self.begin_write(si, ts, ("iso", day), LAYOUT_ISO);
-        let buf = self.out_buf(out);
-        let t = ts + offset;
-        log_event(buf, &open, h.level, body, Some(h.logger), t, false); // the line itself, as `_parse` adds it
-        let mut spans = 0u64;
-        if !metrics.is_empty() {
-            step_metric(buf, &open, step, &metrics, t, false);
-        }
-        if step_ns > 0 {
-            let parent = &ids[0];
-            step_span(buf, &open, &StepSpan { step, dur: step_ns, id: parent, source: "log", end: t }, true, false);
-            spans += 1;
-            let total: i64 = phases.iter().filter(|p| p.2 > 0).map(|p| p.2).sum();
-            let mut rel = -total;
-            for (k, (name, coll, dur)) in phases.iter().filter(|p| p.2 > 0).enumerate().map(|(i, p)| (i + 1, p)) {
-                let span = LayoutSpan {
-                    cat: if *coll { "collective" } else { "phase" },
-                    name,
-                    step,
-                    start: ts + rel + offset,
-                    dur: *dur,
-                    id: &ids[k],
-                    parent: Some(parent),
-                    collective: coll.then_some((name.as_str(), "log")),
-                };
-                layout_span(buf, &open, &span, true);
-                rel += dur;
-                spans += 1;
+        let kept = || phases.iter().filter(|p| p.2 > 0);
+        let t = self.write_dated(si, ts, ("iso", day), LAYOUT_ISO, |buf, open, offset| {
+            let t = ts + offset;
+            log_event(buf, open, h.level, body, Some(h.logger), t, false); // the line itself, as `_parse` adds it
+            if !metrics.is_empty() {
+                step_metric(buf, open, step, &metrics, t, false);
             }
-            self.sync.push((label, step, t));
+            if step_ns > 0 {
+                let parent = &ids[0];
+                step_span(buf, open, &StepSpan { step, dur: step_ns, id: parent, source: "log", end: t }, true, false);
+                let mut rel = -kept().map(|p| p.2).sum::<i64>();
+                for ((name, coll, dur), id) in kept().zip(&ids[1..]) {
+                    let span = LayoutSpan {
+                        cat: if *coll { "collective" } else { "phase" },
+                        name,
+                        step,
+                        start: ts + rel + offset,
+                        dur: *dur,
+                        id,
+                        parent: Some(parent),
+                        collective: coll.then_some((name.as_str(), "log")),
+                    };
+                    layout_span(buf, open, &span, true);
+                    rel += dur;
+                }
+            }
+        });
+        let mut spans = 0;
+        if step_ns > 0 {
+            spans = 1 + kept().count() as u64; // the step's and its phases'
+            self.sync.push((l.label, step, t));
         }
-        self.streams[si].open = open;
         self.counts.logs += 1;
         self.counts.metrics += !metrics.is_empty() as u64;
         self.counts.spans += spans;

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use super::dicts::{get_float, get_int};
 use super::generic_step::is_word;
 use super::pending::Pending;
-use super::{FastLane, GiveBack};
+use super::{FastLane, GiveBack, LineAt};
 use crate::line_writer::json_float;
 
 /// `_KEYS` of `ingest/parsers/huggingface.py`: the Trainer's names that the events shorten.
@@ -138,7 +138,8 @@ fn seconds(text: &str) -> Result<Option<f64>, GiveBack> {
 impl FastLane {
     /// A tqdm refresh without a description (`  12%|█▏   | 120/1000 [00:30<03:40,  4.00it/s]`), as
     /// `HuggingFaceParser._bar` reads it: steps, progress, or a counted skip; all wait for a time.
-    pub(super) fn tqdm_line(&mut self, py: Python<'_>, si: usize, text: &[u8]) -> Result<bool, GiveBack> {
+    pub(super) fn tqdm_line(&mut self, py: Python<'_>, l: LineAt<'_>) -> Result<bool, GiveBack> {
+        let (si, text) = (l.si, l.text);
         if text.len() > self.cap || self.streams[si].out.is_none() {
             return Err(GiveBack);
         }
@@ -235,8 +236,9 @@ impl FastLane {
     /// A Hugging Face Trainer metric dict (`ProgressCallback.on_log`: `str(logs)`, or since transformers 4.46 with
     /// the floats as `f"{v:.4g}"` strings), as `HuggingFaceParser._metrics` reads it: the line and a metric
     /// event, both waiting for a time like a `print`. Only the exact shape of `hf_dict` is read here.
-    pub(super) fn hf_dict_line(&mut self, py: Python<'_>, si: usize, text: &[u8], ids: &[usize]) -> Result<bool, GiveBack> {
-        self.first_then_generic(self.c.huggingface, ids)?; // a dict of metrics always stops the parser loop
+    pub(super) fn hf_dict_line(&mut self, py: Python<'_>, l: LineAt<'_>) -> Result<bool, GiveBack> {
+        self.first_then_generic(self.c.huggingface, l.ids)?; // a dict of metrics always stops the parser loop
+        let (si, text) = (l.si, l.text);
         // `_metrics` leaves a blob of 64 KiB or more to `_PAIR`; a message past the cap is cut: Python's
         if text.len() > self.cap || text.len() >= 65536 {
             return Err(GiveBack);

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 
 use super::stream::LAYOUT_OTHER;
 use super::timestamps::{day_and_second, digits, num, utc_ns};
-use super::{metric_value, printable, FastLane, GiveBack, Moment};
+use super::{metric_value, printable, FastLane, GiveBack, LineAt, Moment};
 use crate::line_writer::{log_event, step_metric, step_span, StepSpan};
 
 /// The "bracket-iso" head of a Megatron iteration line: ` ?\[DATE[ T_]TIME(?:[.,]\d{1,9})?\] ?` followed by
@@ -130,20 +130,14 @@ fn metric_name(key: &str) -> String {
 impl FastLane {
     /// A Megatron-LM iteration line (`training_log`: ` [date time] iteration N/ T | key: value | …`), as the
     /// "bracket-iso" head layout and `MegatronParser._iteration` read it.
-    pub(super) fn megatron_line(
-        &mut self,
-        py: Python<'_>,
-        si: usize,
-        label: Option<u32>,
-        text: &[u8],
-        ids: &[usize],
-    ) -> Result<bool, GiveBack> {
-        self.first_then_generic(self.c.megatron, ids)?;
+    pub(super) fn megatron_line(&mut self, py: Python<'_>, l: LineAt<'_>) -> Result<bool, GiveBack> {
+        self.first_then_generic(self.c.megatron, l.ids)?;
+        let si = l.si;
         if self.streams[si].out.is_none() {
             return Err(GiveBack);
         }
-        let (ts, day, body_at) = megatron_head(text, self.tz_offset_s).ok_or(GiveBack)?;
-        let body = &text[body_at..];
+        let (ts, day, body_at) = megatron_head(l.text, self.tz_offset_s).ok_or(GiveBack)?;
+        let body = &l.text[body_at..];
         if body.len() > self.cap || !printable(body) {
             return Err(GiveBack);
         }
@@ -236,17 +230,18 @@ impl FastLane {
                 st.set_item("step_span", id).map_err(|_| GiveBack)?;
             }
         }
-        let (out, offset, open) = self.begin_write(si, ts, ("bracket-iso", day), LAYOUT_OTHER);
-        let buf = self.out_buf(out);
-        let t = ts + offset;
-        log_event(buf, &open, "INFO", body, None, t, false);
-        step_metric(buf, &open, it, &m, t, false);
-        if let (Some(dur), Some(id)) = (dur, &id) {
-            step_span(buf, &open, &StepSpan { step: it, dur, id, source: "megatron", end: t }, true, false);
-            self.sync.push((label, it, t));
+        let t = self.write_dated(si, ts, ("bracket-iso", day), LAYOUT_OTHER, |buf, open, offset| {
+            let t = ts + offset;
+            log_event(buf, open, "INFO", body, None, t, false);
+            step_metric(buf, open, it, &m, t, false);
+            if let (Some(dur), Some(id)) = (dur, &id) {
+                step_span(buf, open, &StepSpan { step: it, dur, id, source: "megatron", end: t }, true, false);
+            }
+        });
+        if id.is_some() {
+            self.sync.push((l.label, it, t)); // the step span's end
             self.counts.spans += 1;
         }
-        self.streams[si].open = open;
         self.counts.logs += 1;
         self.counts.metrics += 1;
         self.counts.megatron += 1;

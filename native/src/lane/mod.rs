@@ -137,6 +137,16 @@ struct GiveBack;
 /// Parsers by their number in the registry, ascending.
 type Ids = Vec<usize>;
 
+/// A line that a family's reader takes: its stream (index), `srun` label, text after the label, and the
+/// parsers its triggers name.
+#[derive(Clone, Copy)]
+struct LineAt<'a> {
+    si: usize,
+    label: Option<u32>,
+    text: &'a [u8],
+    ids: &'a [usize],
+}
+
 /// A clock-alignment moment: the line's `srun` label, its step and its time (UTC ns).
 type Moment = (Option<u32>, i64, i64);
 
@@ -524,28 +534,28 @@ impl FastLane {
         if self.streams[si].busy || text.is_empty() {
             return Err(GiveBack);
         }
+        let l = LineAt { si, label, text, ids: ids.as_slice() };
         if text.starts_with(b" [") {
-            return self.megatron_line(py, si, label, text, ids); // Megatron's " [date time] iteration …"
+            return self.megatron_line(py, l); // Megatron's " [date time] iteration …"
         }
         if text[0] == b' ' && ids.len() == 1 && Some(ids[0]) == self.c.huggingface {
-            return self.tqdm_line(py, si, text); // no head layout starts with a blank not followed by "["
+            return self.tqdm_line(py, l); // no head layout starts with a blank not followed by "["
         }
         // A blank text, or one that starts with white space: Python's.
         if !(0x21..=0x7e).contains(&text[0]) {
             return Err(GiveBack);
         }
         if text[0] == b'[' {
-            return self.deepspeed_line(py, si, label, text, ids); // else a torchrun prefix or another bracketed head
+            return self.deepspeed_line(py, l); // else a torchrun prefix or another bracketed head
         }
         if let Some(h) = strict_head(text) {
             if self.streams[si].out.is_none() {
                 return Err(GiveBack);
             }
-            let ts = self.stamp(&h).ok_or(GiveBack)?;
-            let body = &text[h.body_at..];
+            let stamp = self.stamp(&h).ok_or(GiveBack)?;
             return match ids.as_slice() {
-                [] => self.plain(si, ts, &h, body),
-                [g] if Some(*g) == self.c.generic => self.step_line(py, si, label, ts, &h, body),
+                [] => self.plain(si, stamp, &h, &text[h.body_at..]),
+                [g] if Some(*g) == self.c.generic => self.step_line(py, l, stamp, &h),
                 _ => Err(GiveBack),
             };
         }
@@ -555,7 +565,7 @@ impl FastLane {
         match ids.as_slice() {
             [] => self.print_line(si, text),
             [p] if Some(*p) == self.c.nccl => self.nccl_line(si, text),
-            [p, ..] if Some(*p) == self.c.huggingface && text[0] == b'{' => self.hf_dict_line(py, si, text, ids),
+            [p, ..] if Some(*p) == self.c.huggingface && text[0] == b'{' => self.hf_dict_line(py, l),
             _ => Err(GiveBack),
         }
     }

@@ -99,10 +99,9 @@ impl FastLane {
         }
         if !self.streams[si].pending.is_empty() {
             // As the Python engine's general path: pending lines first, then the line as an event dict.
-            let (out, offset, open) = self.begin_write(si, ts, ("iso", day), LAYOUT_ISO);
-            let buf = self.out_buf(out);
-            log_event(buf, &open, h.level, body, Some(h.logger), ts + offset, false);
-            self.streams[si].open = open;
+            self.write_dated(si, ts, ("iso", day), LAYOUT_ISO, |buf, open, offset| {
+                log_event(buf, open, h.level, body, Some(h.logger), ts + offset, false);
+            });
         } else {
             let s = &mut self.streams[si];
             s.last_ts = Some(ts);

@@ -55,15 +55,26 @@ pub(super) struct Stream {
 }
 
 impl FastLane {
-    /// Before a dated line's events: the stream's waiting lines first (they get times up to `ts`), then its
-    /// time and head state. Returns its output, clock offset and `{identity,` prefix, which the caller puts
-    /// back (`self.streams[si].open = open`) once written.
-    pub(super) fn begin_write(&mut self, si: usize, ts: i64, note: (&'static str, i64), layout: u8) -> (usize, i64, Vec<u8>) {
+    /// Write a dated line's events: the stream's waiting lines first (they get times up to `ts`), then the
+    /// line's time and head (`note`, `layout`) become the stream's, then `write(buf, open, offset)` writes the
+    /// events into the output's buffer, each after the `{identity,` prefix `open`, with the stream's clock
+    /// offset. Returns the line's time as written (`ts + offset`).
+    pub(super) fn write_dated(
+        &mut self,
+        si: usize,
+        ts: i64,
+        note: (&'static str, i64),
+        layout: u8,
+        write: impl FnOnce(&mut Vec<u8>, &[u8], i64),
+    ) -> i64 {
         self.release(si, ts);
         let s = &mut self.streams[si];
         s.last_ts = Some(s.last_ts.map_or(ts, |l| l.max(ts)));
         s.head_note = Some(note);
         s.last_layout = layout;
-        (s.out.expect("checked by the caller"), s.offset, std::mem::take(&mut s.open))
+        let (out, offset, open) = (s.out.expect("checked by the caller"), s.offset, std::mem::take(&mut s.open));
+        write(self.out_buf(out), &open, offset);
+        self.streams[si].open = open;
+        ts + offset
     }
 }
