@@ -7,18 +7,22 @@ come first, the failure evidence next, the generic ``step N loss x`` reader last
 from __future__ import annotations
 
 from .._types import ParserRegistry
+from .apex import ApexParser
 from .deepspeed import DeepSpeedParser
 from .generic import GenericStepParser
 from .huggingface import HuggingFaceParser
 from .megatron import MegatronParser
+from .mmengine import MmengineParser
 from .torch_distributed import ElasticFailureParser, NcclParser, OomParser, TracebackParser, WatchdogParser
 
 __all__ = [
+    "ApexParser",
     "DeepSpeedParser",
     "ElasticFailureParser",
     "GenericStepParser",
     "HuggingFaceParser",
     "MegatronParser",
+    "MmengineParser",
     "NcclParser",
     "OomParser",
     "TracebackParser",
@@ -33,10 +37,12 @@ def builtin_registry() -> ParserRegistry:
         MegatronParser(),
         DeepSpeedParser(),
         HuggingFaceParser(),
+        ApexParser(),
         WatchdogParser(),
         OomParser(),
         NcclParser(),
         TracebackParser(),
         ElasticFailureParser(),
+        MmengineParser(),
         GenericStepParser(),
     ])

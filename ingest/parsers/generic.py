@@ -22,7 +22,7 @@ from typing import Any, Final
 from .._types import Line, PartialEvent
 from ._util import collective_op, layout_spans, metric_value, step_span
 
-__all__ = ["GenericStepParser"]
+__all__ = ["GenericStepParser", "step_line_events"]
 
 _STEP: Final = re.compile(r"(?i)\b(global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?(\d+)(?:\s*/\s*\d+)?")
 _PAIR: Final = re.compile(
@@ -110,55 +110,64 @@ class GenericStepParser:
         return int(m.group(2)) if m and _PAIR.search(text, m.end()) else None
 
     def parse(self, line: Line) -> list[PartialEvent] | None:
-        text = line.text
-        m = _STEP.search(text)
+        m = _STEP.search(line.text)
         if not m:
             return None
-        step = int(m.group(2))
-        metrics: dict[str, Any] = {}
-        phases: list[tuple[str, str, int, dict[str, Any] | None]] = []
-        step_ns: int | None = None
-        for key, raw, unit in _PAIR.findall(text, m.end()):
-            value = float(raw)  # the pattern admits only what float() reads (digits, exponent, nan, inf)
-            role, name, scale = _role(key, unit or None)
-            if role == _METRIC:
-                metrics[name] = metric_value(value)
-                continue
-            if role is None:
-                continue
-            ns = int(value * scale) if value == value and abs(value) < 1e12 else None
-            if ns is None or ns < 0:
-                continue
-            if role == _STEP_DUR:
-                step_ns = ns
-            elif role == _PHASE:
-                phases.append((name, "phase", ns, None))
-            elif role == _COLLECTIVE:
-                phases.append((name, "collective", ns, {"op": name, "group": "default", "seq": step, "source": "log"}))
-            else:
-                metrics[name] = round(ns / 1e6, 6)
-        if not metrics and not phases and step_ns is None:
-            return None
-        state = line.stream.state(self.name)
-        events: list[PartialEvent] = []
-        if metrics:
-            events.append({"kind": "metric", "step": step, "metrics": metrics})
-        if step_ns is None and phases:
-            step_ns = sum(p[2] for p in phases)
-        if step_ns is None:
-            prev_step, prev_ts = state.get("step"), state.get("ts")
-            if line.ts is not None and prev_ts is not None and prev_step is not None and step > prev_step:
-                step_ns = (line.ts - prev_ts) // (step - prev_step)
-        if line.ts is not None:
-            state["step"], state["ts"] = step, line.ts
-        if step_ns is not None and step_ns > 0:
-            span = step_span(step, 0, step_ns, source="log")
-            del span["ts"], span["start"]
-            span["sync"] = True
-            events.append(span)
-            if phases:
-                for ev in layout_spans(step, 0, phases, span["span_id"]):
-                    ev["dt"] = ev.pop("ts")
-                    ev["start_dt"] = ev.pop("start")
-                    events.append(ev)
-        return events
+        return step_line_events(line, self.name, int(m.group(2)), m.end())
+
+
+def step_line_events(line: Line, state_key: str, step: int, pos: int,
+                     step_ns: int | None = None) -> list[PartialEvent] | None:
+    """The events of a step line whose step is known and whose ``key value`` pairs start at ``pos``.
+
+    Shared by the parsers whose lines differ only in how they name the step (``step 12``, mmengine's
+    ``Epoch(train) [1][200/735]``): the pairs, their roles and the step span are read one way.
+    ``step_ns`` is the step's duration where the caller knows it (a pair of its lines means it).
+    """
+    text = line.text
+    metrics: dict[str, Any] = {}
+    phases: list[tuple[str, str, int, dict[str, Any] | None]] = []
+    for key, raw, unit in _PAIR.findall(text, pos):
+        value = float(raw)  # the pattern admits only what float() reads (digits, exponent, nan, inf)
+        role, name, scale = _role(key, unit or None)
+        if role == _METRIC:
+            metrics[name] = metric_value(value)
+            continue
+        if role is None:
+            continue
+        ns = int(value * scale) if value == value and abs(value) < 1e12 else None
+        if ns is None or ns < 0:
+            continue
+        if role == _STEP_DUR:
+            step_ns = ns
+        elif role == _PHASE:
+            phases.append((name, "phase", ns, None))
+        elif role == _COLLECTIVE:
+            phases.append((name, "collective", ns, {"op": name, "group": "default", "seq": step, "source": "log"}))
+        else:
+            metrics[name] = round(ns / 1e6, 6)
+    if not metrics and not phases and step_ns is None:
+        return None
+    state = line.stream.state(state_key)
+    events: list[PartialEvent] = []
+    if metrics:
+        events.append({"kind": "metric", "step": step, "metrics": metrics})
+    if step_ns is None and phases:
+        step_ns = sum(p[2] for p in phases)
+    if step_ns is None:
+        prev_step, prev_ts = state.get("step"), state.get("ts")
+        if line.ts is not None and prev_ts is not None and prev_step is not None and step > prev_step:
+            step_ns = (line.ts - prev_ts) // (step - prev_step)
+    if line.ts is not None:
+        state["step"], state["ts"] = step, line.ts
+    if step_ns is not None and step_ns > 0:
+        span = step_span(step, 0, step_ns, source="log")
+        del span["ts"], span["start"]
+        span["sync"] = True
+        events.append(span)
+        if phases:
+            for ev in layout_spans(step, 0, phases, span["span_id"]):
+                ev["dt"] = ev.pop("ts")
+                ev["start_dt"] = ev.pop("start")
+                events.append(ev)
+    return events

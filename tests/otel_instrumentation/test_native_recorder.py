@@ -60,7 +60,8 @@ def _bits_to_float(bits: int) -> float:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.floats(), st.integers(0, 2**64 - 1).map(_bits_to_float),
-                 st.sampled_from([1e-5, 9.999999e-6, 1e16, 1e16 - 2, 5e-324, -0.0, 1e-7, 123456.789e10])),
+                 st.sampled_from([1e-5, 9.999999e-6, 1e16, 1e16 - 2, 5e-324, -0.0, 1e-7, 123456.789e10,
+                                  562949953421312.2])),
        st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)))
 def test_metric_numbers_are_written_as_orjson_writes_them(x, step):
     item = (_METRIC, 1767225600123456789, step, {"x": x, "n": 7, "flag": False}, 0xABC)

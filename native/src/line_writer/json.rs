@@ -64,10 +64,33 @@ fn push_decimal(out: &mut Vec<u8>, x: f64) -> bool {
     }
     let at = out.len();
     write!(out, "{}", x).expect("a Vec takes any write"); // shortest round-trip digits; zero as "0" or "-0"
-    if !out[at..].contains(&b'.') {
-        out.extend_from_slice(b".0");
+    match out[at..].iter().position(|&b| b == b'.') {
+        Some(dot) => even_on_a_tie(out, at, out.len() - at - dot - 1, x),
+        None => out.extend_from_slice(b".0"),
     }
     true
+}
+
+/// Where `x` lies exactly halfway between two shortest forms (562949953421312.25: ...312.2 or ...312.3),
+/// the standard library writes the upper one; orjson (ryu) and Python write the one ending in an even
+/// digit. `out[at..]` holds `x` with `decimals` digits after the point. The check costs a few
+/// instructions: a tie needs `x`'s exact binary fraction to have `decimals + 1` decimal digits, which
+/// almost no measured value has.
+fn even_on_a_tie(out: &mut Vec<u8>, at: usize, decimals: usize, x: f64) {
+    let bits = x.to_bits();
+    let (biased, frac) = (((bits >> 52) & 0x7ff) as i32, bits & ((1u64 << 52) - 1));
+    let (mant, exp) = if biased == 0 { (frac, -1074) } else { (frac | (1u64 << 52), biased - 1075) };
+    if mant == 0 || -(exp + mant.trailing_zeros() as i32) != decimals as i32 + 1 {
+        return; // not exactly representable in decimals + 1 digits: no tie
+    }
+    // exact: x with one more digit, a 5; the lower of the two forms is it without that digit
+    let exact = format!("{:.*}", decimals + 1, x);
+    let lower = &exact.as_bytes()[..exact.len() - 1];
+    let last = lower[lower.len() - 1];
+    if last.is_ascii_digit() && (last - b'0') % 2 == 0 && std::str::from_utf8(lower).ok().and_then(|t| t.parse().ok()) == Some(x) {
+        out.truncate(at);
+        out.extend_from_slice(lower);
+    }
 }
 
 /// A field (`key` from `key!`) whose value is an integer.
