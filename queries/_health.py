@@ -2,13 +2,25 @@
 
 Rules (thresholds in :class:`AnalysisConfig`):
 
-* ``nan_loss`` / ``grad_nan``: the first step a rank reported a non-finite loss / grad norm.
+* ``nan_loss``: the first step a rank reported a non-finite loss or grad norm (a NaN gradient
+  is the same failure one step earlier: the update is lost either way); else a log record that
+  says so (apex's ``NaN or Inf found in input tensor``, Megatron's ``found NaN in local grad norm``).
 * ``loss_spike``: Megatron's rule, a loss above ``spike_factor`` × the max |loss| of the
   previous ``spike_window`` values; or the robust rule, a loss ``spike_z`` robust standard
-  deviations (IQR / 1.349) above the trailing median and ``spike_min_rel`` above it.
+  deviations (IQR / 1.349) above the trailing median and ``spike_min_rel`` above it. The
+  robust rule needs one earlier value (a real log often shows two or three before the jump);
+  below ``spike_factor`` × the median its finding is ``info``.
+* ``divergence``: a loss that rose and stayed up: the last ``divergence_tail`` values all at
+  least ``divergence_factor`` × the lowest before them, or a rise at every one of the last
+  ``divergence_tail`` + 1 values ending ``divergence_factor`` × above where it began.
 * ``grad_norm_high`` (above ``grad_norm_max`` when set) and ``grad_explosion``
-  (``grad_explode_factor`` × the trailing median).
-* ``loss_scale_collapse``: the fp16 loss scale at or below ``loss_scale_min``.
+  (``grad_explode_factor`` × the trailing median of at least one earlier value).
+* ``loss_scale_collapse``: the fp16 loss scale at or below ``loss_scale_min`` after it had
+  been above it or after an overflow (a constant 1.0 is bf16 or fp32: nothing fell).
+* ``overflow_cascade``: ``overflow_cascade_min`` or more overflow skips in a row once training
+  had settled (after the first loss or step), where a row allows ``overflow_gap_steps`` logged
+  steps between skips. The skips of the start-up search for a loss scale, before any step
+  completes, are normal.
 * ``lr_anomaly``: a non-finite or negative learning rate, ranks that disagree on it at
   the same step, or a jump of ``lr_jump_factor`` × between consecutive steps.
 * ``memory_leak``: memory (CUDA allocated, else host RSS) whose *floor* (the lowest value
@@ -25,9 +37,11 @@ Rules (thresholds in :class:`AnalysisConfig`):
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ._model import AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, ids, ms, rows, span_list
 
@@ -41,11 +55,12 @@ def analyze_health(ctx: AnalysisContext) -> list[Finding]:
     """Every rule of the module docstring, in its order; each reads what it needs from ``ctx``."""
     con, cfg = ctx.con, ctx.cfg
     out: list[Finding] = []
-    out += _nonfinite(con, "loss", "nan_loss", "loss is NaN/Inf")
-    out += _nonfinite(con, "grad_norm", "grad_nan", "gradient norm is NaN/Inf")
+    out += _first_nonfinite(con) or _nonfinite_messages(con)
     out += _loss_spikes(con, cfg)
+    out += _divergence(con, cfg)
     out += _grad_norm(con, cfg)
     out += _loss_scale(con, cfg)
+    out += _overflow_cascade(con, cfg)
     out += _lr(con, cfg)
     out += _leaks(ctx)
     out += _data_wait(ctx)
@@ -60,7 +75,7 @@ def _metric_refs(con: DuckDBPyConnection, where: str, params: list[Any], limit: 
     return [EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in out]
 
 
-def _nonfinite(con: DuckDBPyConnection, col: str, kind: str, what: str) -> list[Finding]:
+def _nonfinite(con: DuckDBPyConnection, col: str, what: str) -> list[Finding]:
     bad = f"(isnan({col}) OR isinf({col}))"
     first = rows(con, f"""SELECT min(step) AS step, count(*) AS n, list(DISTINCT node) AS nodes
                           FROM mets WHERE {col} IS NOT NULL AND {bad}""")[0]
@@ -69,11 +84,44 @@ def _nonfinite(con: DuckDBPyConnection, col: str, kind: str, what: str) -> list[
     ranks = rows(con, f"SELECT list(DISTINCT rank ORDER BY rank) AS r FROM mets WHERE {bad} AND step = ?",
                  [first["step"]])[0]["r"]
     all_ranks = rows(con, f"SELECT list(DISTINCT rank ORDER BY rank) AS r FROM mets WHERE {bad}")[0]["r"]
-    f = Finding(kind, "error",
+    f = Finding("nan_loss", "error",
                 f"{what} from step {first['step']} on ranks {span_list(ranks)} ({first['n']} non-finite values in "
                 f"all, on {len(all_ranks)} rank(s))",
-                ranks, sorted(first["nodes"]), [first["step"]], [], {"count": first["n"], "all_ranks": all_ranks})
+                ranks, sorted(first["nodes"]), [first["step"]], [],
+                {"metric": col, "count": first["n"], "all_ranks": all_ranks})
     return [f.cite(_metric_refs(con, f"{bad} AND step = ?", [first["step"]]))]
+
+
+def _first_nonfinite(con: DuckDBPyConnection) -> list[Finding]:
+    """One ``nan_loss`` finding: the loss's or the grad norm's, whichever went first (the loss on a tie)."""
+    found = _nonfinite(con, "loss", "loss is NaN/Inf") + _nonfinite(con, "grad_norm", "gradient norm is NaN/Inf")
+    if len(found) < 2:
+        return found
+    first, other = sorted(found, key=lambda f: f.steps[0])  # stable: the loss first on a tie
+    first.summary += f"; {other.summary.split(' (')[0]}"
+    first.details["also"] = {"metric": other.details["metric"], "step": other.steps[0]}
+    return [first]
+
+
+_NONFINITE_MESSAGES: Final = ("NaN or Inf found in input tensor", "found NaN in local grad norm")
+"""Records that say a training value went non-finite where no metric shows it (apex, Megatron-LM)."""
+
+
+def _nonfinite_messages(con: DuckDBPyConnection) -> list[Finding]:
+    found = rows(con, """SELECT rank, node, ts, step, span_id, msg FROM events
+                         WHERE kind = 'log' AND msg IS NOT NULL AND (contains(msg, $a) OR contains(msg, $b))
+                         ORDER BY ts, rank LIMIT 20""",
+                 {"a": _NONFINITE_MESSAGES[0], "b": _NONFINITE_MESSAGES[1]})
+    if not found:
+        return []
+    first = found[0]
+    ranks = sorted({r["rank"] for r in found if r["ts"] == first["ts"]})
+    f = Finding("nan_loss", "error",
+                f"non-finite values in training: {first['msg'].strip()[:160]!r} ({len(found)} such record(s) on ranks "
+                f"{span_list(sorted({r['rank'] for r in found}))})",
+                ranks, sorted({r["node"] for r in found if r["node"]}), [first["step"]] if first["step"] is not None else [],
+                [], {"metric": "log", "count": len(found)})
+    return [f.cite([EventRef(r["rank"], int(r["ts"]), "log", r["step"], r["span_id"]) for r in found])]
 
 
 def _loss_spikes(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
@@ -87,7 +135,7 @@ def _loss_spikes(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
               FROM x WINDOW win AS (PARTITION BY rank ORDER BY step ROWS BETWEEN {n} PRECEDING AND 1 PRECEDING)),
             s AS (
               SELECT *, n >= 5 AND recent_max > 0 AND loss > ? * recent_max AS megatron,
-                     n >= 8 AND q[2] > 0 AND loss > q[2] + ? * greatest((q[3] - q[1]) / 1.349, 1e-3 * abs(q[2]))
+                     n >= 1 AND q[2] > 0 AND loss > q[2] + ? * greatest((q[3] - q[1]) / 1.349, 1e-3 * abs(q[2]))
                        AND loss >= (1 + ?) * q[2] AS robust
               FROM w)
             SELECT step, list(DISTINCT rank ORDER BY rank) AS ranks, max(loss) AS loss, min(q[2]) AS recent,
@@ -139,7 +187,7 @@ def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
             SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks,
                    max(grad_norm / med) AS ratio, arg_max(grad_norm, grad_norm / med) AS worst,
                    list(DISTINCT step ORDER BY step) AS steps
-            FROM w WHERE n >= 5 AND med > 0 AND grad_norm >= ? * med""",
+            FROM w WHERE n >= 1 AND med > 0 AND grad_norm >= ? * med""",
         [cfg.grad_explode_factor],
     )[0]
     if ex["n"]:
@@ -152,18 +200,119 @@ def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
 
 
 def _loss_scale(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
-    ls = rows(con, """SELECT min(step) FILTER (WHERE loss_scale <= ?) AS step, count(*) FILTER (WHERE loss_scale <= ?) AS n,
-                             max(loss_scale) AS peak, list(DISTINCT rank ORDER BY rank) FILTER (WHERE loss_scale <= ?) AS ranks,
-                             arg_min(loss_scale, step) FILTER (WHERE loss_scale <= ?) AS first_value
-                      FROM mets WHERE loss_scale IS NOT NULL""",
-              [cfg.loss_scale_min] * 4)[0]
-    if not ls["n"] or ls["peak"] <= cfg.loss_scale_min:
-        return []  # never above the floor: bf16 and fp32 runs report a constant 1.0, nothing fell
+    ls = rows(con, """SELECT min(ts) FILTER (WHERE loss_scale <= $floor) AS ts, count(*) FILTER (WHERE loss_scale <= $floor) AS n,
+                             max(greatest(coalesce(loss_scale, -1e308), coalesce(attempted_loss_scale, -1e308))) AS peak,
+                             count(*) FILTER (WHERE overflow > 0) AS overflows,
+                             list(DISTINCT rank ORDER BY rank) FILTER (WHERE loss_scale <= $floor) AS ranks,
+                             arg_min(loss_scale, ts) FILTER (WHERE loss_scale <= $floor) AS first_value,
+                             arg_min(step, ts) FILTER (WHERE loss_scale <= $floor) AS step,
+                             min(loss_scale) AS lowest
+                      FROM scaling""", {"floor": cfg.loss_scale_min})[0]
+    if not ls["n"] or (ls["peak"] <= cfg.loss_scale_min and not ls["overflows"]):
+        return []  # never above the floor and never overflowing: bf16 and fp32 runs report a constant 1.0
+    at = f"step {ls['step']}" if ls["step"] is not None else "its first record there"
     f = Finding("loss_scale_collapse", "error",
-                f"fp16 loss scale collapsed to {ls['first_value']:g} at step {ls['step']} (peak {ls['peak']:g}): "
-                f"gradients overflow every step, so updates are being skipped (ranks {span_list(ls['ranks'])})",
-                ls["ranks"], [], [ls["step"]], [], {"peak": ls["peak"], "count": ls["n"]})
-    return [f.cite(_metric_refs(con, "loss_scale <= ?", [cfg.loss_scale_min]))]
+                f"fp16 loss scale collapsed to {ls['first_value']:g} at {at} (peak {ls['peak']:g}, lowest "
+                f"{ls['lowest']:g}): gradients overflow every step, so updates are being skipped (ranks "
+                f"{span_list(ls['ranks'])})",
+                ls["ranks"], [], [ls["step"]] if ls["step"] is not None else [], [],
+                {"peak": ls["peak"], "count": ls["n"], "lowest": ls["lowest"], "overflows": ls["overflows"]})
+    refs = rows(con, """SELECT rank, ts, step, span_id FROM scaling WHERE loss_scale <= ? ORDER BY ts, rank LIMIT 10""",
+                [cfg.loss_scale_min])
+    return [f.cite([EventRef(r["rank"], int(r["ts"]), "metric", r["step"], r["span_id"]) for r in refs])]
+
+
+def _overflow_cascade(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
+    """Overflow skips in a row after training had settled (the module docstring's rule)."""
+    skips = rows(con, """SELECT rank, node, ts, step, span_id, loss_scale, attempted_loss_scale FROM scaling
+                         WHERE overflow > 0 ORDER BY ts, rank, step, span_id""")
+    if len(skips) < cfg.overflow_cascade_min:
+        return []
+    settled = rows(con, """SELECT least(min(ts) FILTER (WHERE kind = 'metric' AND contains(metrics, '"loss"')),
+                                        min(ts) FILTER (WHERE kind = 'span' AND cat = 'step')) AS t FROM events""")[0]["t"]
+    if settled is None:
+        return []  # no step ever completed: every skip so far is the start-up search for a scale
+    logged = [int(r["ts"]) for r in rows(con, "SELECT min(ts) AS ts FROM mets GROUP BY step ORDER BY ts")]
+    runs: list[list[dict[str, Any]]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for sk in skips:
+        if sk["ts"] < settled:
+            continue
+        key = (sk["rank"], sk["step"], sk["loss_scale"], sk["attempted_loss_scale"])
+        if key in seen:  # the same skip printed again (by each process of a console, or twice by DeepSpeed)
+            continue
+        seen.add(key)
+        if runs and _logged_between(logged, runs[-1][-1]["ts"], sk["ts"]) <= cfg.overflow_gap_steps:
+            runs[-1].append(sk)
+        else:
+            runs.append([sk])
+    out = []
+    for run in runs:
+        if len(run) < cfg.overflow_cascade_min:
+            continue
+        scales = [x for sk in run for x in (sk["attempted_loss_scale"], sk["loss_scale"]) if x is not None]
+        ranks = sorted({sk["rank"] for sk in run})
+        steps = sorted({sk["step"] for sk in run if sk["step"] is not None})
+        span = (f" from {scales[0]:g} to {scales[-1]:g}") if scales else ""
+        f = Finding("overflow_cascade", "warning",
+                    f"{len(run)} fp16 overflow skips in a row after training had settled"
+                    f"{f' (from step {steps[0]})' if steps else ''}: the loss scale fell{span}, and each skip "
+                    f"drops an update (ranks {span_list(ranks)})",
+                    ranks, sorted({sk["node"] for sk in run if sk["node"]}), steps[:20], [],
+                    {"count": len(run), "loss_scale_start": scales[0] if scales else None,
+                     "loss_scale_end": scales[-1] if scales else None})
+        out.append(f.cite([EventRef(sk["rank"], int(sk["ts"]), "metric", sk["step"], sk["span_id"]) for sk in run]))
+    return out[: cfg.max_findings_per_kind]
+
+
+def _diverged(v: list[float], tail: int, factor: float) -> tuple[int, float, str] | None:
+    """Where a loss series diverged (index, the level it left, which rule), or ``None``.
+
+    "stays": from some value on, every value is at least ``factor`` × the lowest before it and above
+    the highest before it (so the noise of a small, jumpy loss does not count), for ``tail`` values or
+    more. "rising": each of the last ``tail`` + 1 values higher than the one before, the last
+    ``factor`` × the first of them and above every earlier value.
+    """
+    n = len(v)
+    suffix_min = list(itertools.accumulate(reversed(v), min))[::-1]  # suffix_min[i] = min(v[i:])
+    lo = hi = v[0] if v else 0.0
+    for i in range(1, n - tail + 1):  # before = v[:i] (lowest lo, highest hi), after = v[i:]
+        if lo > 0 and suffix_min[i] >= factor * lo and suffix_min[i] > hi:
+            return i, lo, "stays"
+        lo, hi = min(lo, v[i]), max(hi, v[i])
+    rise = v[-tail - 1:]
+    if (len(rise) == tail + 1 and rise[0] > 0 and all(b > a for a, b in zip(rise, rise[1:]))
+            and rise[-1] >= factor * rise[0] and rise[-1] > max(v[:-1])):
+        return len(v) - tail, rise[0], "rising"
+    return None
+
+
+def _logged_between(logged: list[int], t0: int, t1: int) -> int:
+    """How many logged steps began strictly between two moments (``logged`` sorted)."""
+    return max(bisect.bisect_left(logged, t1) - bisect.bisect_right(logged, t0), 0)
+
+
+def _divergence(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
+    """A loss that rose and stayed up (the module docstring's two rules), per rank, reported once per job."""
+    series = rows(con, """SELECT rank, list(loss ORDER BY step) AS losses, list(step ORDER BY step) AS steps
+                          FROM mets WHERE loss IS NOT NULL AND isfinite(loss) GROUP BY rank ORDER BY rank""")
+    tail, factor = int(cfg.divergence_tail), cfg.divergence_factor
+    hits = []
+    for s in series:
+        v, steps = s["losses"], s["steps"]
+        found = _diverged(v, tail, factor)
+        if found is not None:
+            at, base, rule = found
+            hits.append((s["rank"], steps[at], base, v[-1], steps[-1], rule))
+    if not hits:
+        return []
+    ranks = [h[0] for h in hits]
+    rank, step, base, last, last_step, rule = hits[0]
+    f = Finding("divergence", "warning",
+                f"loss diverged from step {step}: {base:.4g} → {last:.4g} at step {last_step} "
+                f"({last / base:.1f}x; rule: {rule}; ranks {span_list(ranks)})",
+                ranks, [], [step], [], {"loss_before": base, "loss_last": last, "last_step": last_step, "rule": rule})
+    return [f.cite(_metric_refs(con, "step >= ? AND loss IS NOT NULL", [step]))]
 
 
 def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:

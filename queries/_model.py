@@ -66,11 +66,19 @@ class AnalysisConfig:
     spike_z: float = 8.0
     """Robust rule: a loss this many scaled MADs above the trailing median (and ``spike_min_rel`` above it)."""
     spike_min_rel: float = 0.5
+    divergence_factor: float = 1.5
+    """A loss this many times the lowest before it, to the end of the log, has diverged (``divergence``)."""
+    divergence_tail: int = 3
+    """…for at least this many values (or rising at each of this many + 1 values)."""
     grad_norm_max: float | None = None
     """Absolute grad-norm limit; ``None`` checks only explosions relative to the history."""
     grad_explode_factor: float = 10.0
     loss_scale_min: float = 1.0
     """fp16 dynamic loss scale at or below this has collapsed (Megatron's default minimum is 1)."""
+    overflow_cascade_min: int = 3
+    """This many fp16 overflow skips in a row, once training had settled, are a cascade."""
+    overflow_gap_steps: int = 10
+    """Logged steps allowed between two skips of one cascade (DeepSpeed logs every 10 steps by default)."""
     lr_jump_factor: float = 3.0
     leak_min_mb: float = 32.0
     """Memory that grows by at least this much (and ``leak_min_frac`` of its baseline) and never returns."""

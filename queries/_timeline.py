@@ -27,7 +27,7 @@ from ._model import Report, rows
 __all__ = ["timeline_data", "write_perfetto", "write_timeline_html"]
 
 _CULPRIT_KINDS = frozenset({"stalled_rank", "collective_mismatch", "slow_rank", "slow_node", "slow_episode",
-                            "late_arrival", "data_wait", "memory_leak", "nan_loss", "grad_nan",
+                            "late_arrival", "data_wait", "memory_leak", "nan_loss",
                             "intermittent_stall", "transient_stall"})
 
 

@@ -32,6 +32,8 @@ __all__ = ["DERIVED", "METRICS", "ROLLUP_KEY", "build_tables"]
 _COLL_ATTRS: Final = orjson.dumps({"group": "VARCHAR", "seq": "BIGINT", "bytes": "BIGINT", "group_size": "INTEGER",
                                    "async": "BOOLEAN", "error": "VARCHAR", "source": "VARCHAR"}).decode()
 
+_SCALING: Final = orjson.dumps({"overflow": "DOUBLE", "loss_scale": "DOUBLE", "attempted_loss_scale": "DOUBLE"}).decode()
+
 METRICS = (
     "loss",
     "grad_norm",
@@ -129,10 +131,22 @@ def _statements(source: str) -> list[str]:
                {cols}
         FROM m GROUP BY rank, step
         """,
+        # fp16 loss scaling, step or not (apex and DeepSpeed's overflow lines often have none): the
+        # overflow-cascade and loss-scale checks order it by time. Few rows: a prefilter on the text
+        # skips every other metric before its JSON is parsed.
+        f"""
+        CREATE OR REPLACE TEMP TABLE scaling AS
+        WITH m AS (SELECT rank, node, step, ts, span_id, json_transform(metrics, '{_SCALING}') AS m
+                   FROM {source} WHERE kind = 'metric'
+                     AND (contains(metrics, '"overflow"') OR contains(metrics, '"loss_scale"')))
+        SELECT rank, node, step, ts, span_id, m.overflow AS overflow, m.loss_scale AS loss_scale,
+               m.attempted_loss_scale AS attempted_loss_scale
+        FROM m WHERE m.overflow IS NOT NULL OR m.loss_scale IS NOT NULL
+        """,
     ]
 
 
-DERIVED: Final = ("colls", "steps", "mets", "ranks")
+DERIVED: Final = ("colls", "steps", "mets", "ranks", "scaling")
 """The derived tables a rank's rollup holds (``step_spans`` only serves to build ``steps``)."""
 
 ROLLUP_KEY: Final = hashlib.sha256("".join(_statements("events")).encode()).hexdigest()[:8]

@@ -26,7 +26,7 @@ def test_segments_give_the_same_events_and_report_as_the_lines(tmp_path):
     assert len(segments) == 8 and all(p.exists() for s in segments for p in rollup_paths(s).values())
     assert not glob.glob(str(tmp_path / "b/j/*.parquet"))
     seg, raw = load_local(tmp_path / "a", "j", cache=False), load_local(tmp_path / "b", "j", cache=False)
-    assert sorted(seg.rollups) == ["colls", "mets", "ranks", "steps"] and not raw.rollups
+    assert sorted(seg.rollups) == ["colls", "mets", "ranks", "scaling", "steps"] and not raw.rollups
     query = "SELECT * FROM events ORDER BY rank, ts, kind, span_id, msg, metrics::VARCHAR"
     assert seg.con.execute(query).fetchall() == raw.con.execute(query).fetchall()
     assert (seg.stats.lines, seg.stats.events, seg.stats.skipped) == (raw.stats.lines, raw.stats.events, {})
@@ -37,6 +37,8 @@ def test_segments_give_the_same_events_and_report_as_the_lines(tmp_path):
                          ("ranks", "rank")):
         q = f"SELECT * FROM {table} ORDER BY {order}"
         assert repr(seg.con.execute(q).fetchall()) == repr(raw.con.execute(q).fetchall()) != "[]"  # NaN-safe
+    q = "SELECT * FROM scaling ORDER BY rank, ts, span_id"  # fp16 loss scaling: none in a CPU job
+    assert seg.con.execute(q).fetchall() == raw.con.execute(q).fetchall()
 
 
 def test_a_mixed_job_derives_only_the_ranks_without_a_rollup(tmp_path):
@@ -103,7 +105,7 @@ def test_a_pruned_job_gets_this_versions_rollup_back_from_its_segments(tmp_path)
     assert all(refresh_rollup(seg) for seg in segments)
     assert not list(directory.glob("*0ldc0de0*"))  # the other version's files are gone
     fresh, raw = load_local(tmp_path / "a", "p"), load_local(tmp_path / "b", "p", cache=False)
-    assert sorted(fresh.rollups) == ["colls", "mets", "ranks", "steps"]
+    assert sorted(fresh.rollups) == ["colls", "mets", "ranks", "scaling", "steps"]
     assert _summaries(fresh) == _summaries(raw) and any("rank 2" in s for s in _summaries(fresh))
 
 
