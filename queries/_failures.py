@@ -118,6 +118,43 @@ def _read(ctx: AnalysisContext) -> list[_Seen]:
         if f.rank is not None and f.host is None and rank != row["rank"]:
             node = nodes.get(rank) if known.get(rank) else None
         out.append(_Seen(f, rank, node, int(row["ts"]), row["step"], row["span_id"], row["msg"], row["rank"]))
+    if any(s.rank is None and s.node and "device" in s.failure.facts for s in out):
+        by_device = _device_ranks(ctx)
+        for s in out:
+            if s.rank is None and s.node:
+                s.rank = by_device.get((s.node, s.failure.facts.get("pid"), s.failure.facts.get("device")))
+    return out
+
+
+_DEVICE_RANK: Final = re.compile(
+    # NCCL's "comm 0x… rank 1 nranks 2 cudaDev 1 … Init COMPLETE" (its head gives host and pid)
+    r"\brank (?P<rank>\d+) nranks \d+ cudaDev (?P<dev>\d+)"
+    # nccl-tests' device table: " Rank  1 Group  0 Pid 1896106 on noodle-4090-0 device  1 [0x34] …"
+    r"|^\s*Rank +(?P<rank2>\d+) Group +\d+ Pid +(?P<pid>\d+) on (?P<host>\S+) device +(?P<dev2>\d+)")
+
+
+def _device_ranks(ctx: AnalysisContext) -> dict[tuple[str, int | None, int | None], int]:
+    """(host, pid, GPU) -> global rank, from the lines where NCCL or nccl-tests say which rank drives which GPU.
+
+    An NCCL error's head names host, process and GPU, not the rank; a process driving several GPUs
+    (nccl-tests ``-g 2``) has one rank per GPU.
+    """
+    found = rows(ctx.con, """SELECT msg, attrs FROM events WHERE kind = 'log' AND msg IS NOT NULL
+                             AND regexp_matches(msg, $pattern) LIMIT 100000""",
+                 {"pattern": r"nranks \d+ cudaDev|Rank +\d+ Group +\d+ Pid"})
+    out: dict[tuple[str, int | None, int | None], int] = {}
+    for row in found:
+        m = _DEVICE_RANK.search(row["msg"])
+        if not m:
+            continue
+        if m.group("rank") is not None:
+            a = as_json(row["attrs"])
+            if a.get("nccl_host") is None:
+                continue
+            key = (str(a["nccl_host"]), a.get("nccl_pid"), int(m.group("dev")))
+            out.setdefault(key, int(m.group("rank")))
+        else:
+            out.setdefault((m.group("host"), int(m.group("pid")), int(m.group("dev2"))), int(m.group("rank2")))
     return out
 
 
@@ -133,6 +170,13 @@ def _finding(kind: str, items: list[_Seen]) -> Finding:
     ranks = sorted({s.rank for s in items if s.rank is not None})
     if kind == "collective_mismatch":
         ranks = _mismatch_culprits(items) or ranks
+    also: list[int] = []
+    if kind in ("process_exit", "host_oom"):
+        # torchelastic's summary names its first observed failure the root cause; the other exits it lists
+        # (often in the same second) are stated, but not as culprits
+        root = sorted({s.rank for s in items if s.rank is not None and s.failure.facts.get("root_cause")})
+        if root:
+            ranks, also = root, [r for r in ranks if r not in root]
     nodes = sorted({s.node for s in items if s.node})
     unknown = any(s.rank is None for s in items)
     facts: dict[str, Any] = {}
@@ -149,6 +193,9 @@ def _finding(kind: str, items: list[_Seen]) -> Finding:
     if len(items) > 5:
         evidence.append(f"+{len(items) - 5} more line(s) like these")
     details: dict[str, Any] = {"facts": facts, "lines": len(items), "unknown_rank": unknown}
+    if also:
+        details["also_exited"] = also
+        summary += f" (first observed; ranks {span_list(also)} exited too)"
     f = Finding(kind, "error", summary, ranks, nodes, steps[-1:], evidence, details)
     return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, kind) for s in items])
 

@@ -256,6 +256,10 @@ def classify(msg: str, attrs: Mapping[str, Any] | None = None, traceback: bool =
             found.facts.setdefault("device", int(head.group("dev")))
     if a.get("nccl_host") and found.host is None:
         found.host = str(a["nccl_host"])
+    if a.get("cuda_dev") is not None:  # the NCCL head the ingest parser read: which process and GPU
+        found.facts.setdefault("device", int(a["cuda_dev"]))
+    if a.get("nccl_pid") is not None:
+        found.facts.setdefault("pid", int(a["nccl_pid"]))
     if a.get("host") and found.host is None:
         found.host = str(a["host"])
     if a.get("rank") is not None and found.rank is None:

@@ -184,8 +184,12 @@ _RANKF: Final = re.compile(r"(-?\d+) \(local_rank: (-?\d+)\)")
 _EXITF: Final = re.compile(r"(-?\d+) \(pid: (\d+)\)(?:\s*\((\w+)\))?")
 
 
+_STD_PREFIX: Final = re.compile(r"^(?:stderr|stdout): ")
+"""A harness's stream label before each line of the summary (accelerate's ``accelerate test``)."""
+
+
 class _ElasticSummary:
-    def __init__(self, parser: ElasticFailureParser, line: Line) -> None:
+    def __init__(self, parser: ElasticFailureParser, line: Line, cut: bool = False) -> None:
         self.parser = parser
         self.line = line
         self.lines = [line.raw]
@@ -195,10 +199,15 @@ class _ElasticSummary:
         self.root: dict[str, Any] | None = None
         self.current: dict[str, Any] | None = None
         self.key: str | None = None
+        self.cut = cut
+        if cut:  # started inside the summary: its first line is a section or a failure's header
+            self.title = "torchelastic failure summary"
+            self._section_line(_STD_PREFIX.sub("", line.raw.strip()))
 
     def feed(self, text: str, line: Line) -> int:
         if len(self.lines) >= _MAX_BLOCK_LINES:
             return FEED_REJECT
+        text = _STD_PREFIX.sub("", text)
         if self.title is None:
             if text.rstrip().endswith(" FAILED"):
                 self.title = text.strip()
@@ -211,16 +220,7 @@ class _ElasticSummary:
             return FEED_DONE
         if s and set(s) == {"-"}:
             return FEED_MORE
-        if s == "Failures:":
-            self.section = "failures"
-            return FEED_MORE
-        if s.startswith("Root Cause"):
-            self.section = "root"
-            return FEED_MORE
-        if re.fullmatch(r"\[\d+\]:", s):
-            self.current = {"root": self.section == "root"}
-            self.failures.append(self.current)
-            self.key = None
+        if self._section_line(s):
             return FEED_MORE
         m = _FIELD.match(text)
         if m and self.current is not None:
@@ -231,8 +231,22 @@ class _ElasticSummary:
             self.current["traceback"] += "\n" + text[2:]
         return FEED_MORE
 
+    def _section_line(self, s: str) -> bool:
+        """Read a section heading or a failure's ``[N]:`` header; whether ``s`` was one."""
+        if s == "Failures:":
+            self.section = "failures"
+        elif s.startswith("Root Cause"):
+            self.section = "root"
+        elif re.fullmatch(r"\[\d+\]:", s):
+            self.current = {"root": self.section == "root"}
+            self.failures.append(self.current)
+            self.key = None
+        else:
+            return False
+        return True
+
     def finish(self) -> list[PartialEvent]:
-        if self.title is None:
+        if self.title is None or (self.cut and not any("exitcode" in f for f in self.failures)):
             return [{"kind": "log", "msg": self.line.raw}]
         tz = self.parser.tz
         events: list[PartialEvent] = []
@@ -269,18 +283,30 @@ class _ElasticSummary:
         return events
 
 
+_CUT_START: Final = re.compile(r"(?:Failures:|Root Cause \(first observed failure\):|\[\d+\]:)")
+
+
 class ElasticFailureParser:
+    """torchelastic's ``ChildFailedError`` summary, from its ``====`` rule, or from a section of it.
+
+    A log pasted into an issue, or the tail of a console, often starts inside the summary (at
+    ``Failures:``, ``Root Cause (first observed failure):`` or a failure's ``[N]:``): the block
+    is read from there, under the title "torchelastic failure summary".
+    """
+
     name = "torchelastic"
-    triggers = (r"={20}",)
+    triggers = (r"={20}", r"Failures:", r"Root Cause \(first observed failure\)", r"\[\d+\]:")
 
     def __init__(self) -> None:
         self.tz: Any = None  # set by the engine: the zone of the failure times
 
     def parse(self, line: Line) -> _ElasticSummary | None:
-        s = line.raw.strip()
-        if not s or set(s) != {"="}:
-            return None
-        return _ElasticSummary(self, line)
+        s = _STD_PREFIX.sub("", line.raw.strip())
+        if s and set(s) == {"="}:
+            return _ElasticSummary(self, line)
+        if _CUT_START.fullmatch(s):
+            return _ElasticSummary(self, line, cut=True)
+        return None
 
 
 # ---- NCCL debug lines -------------------------------------------------------------

@@ -50,3 +50,19 @@ def test_mmengine_later_epochs_count_on_and_validation_is_no_step(ingest_files):
     val = "08/21 02:58:42 - mmengine - INFO - Epoch(val) [2][10/25]    eta: 0:00:00  time: 0.0019  data_time: 0.0004"
     _, cap = ingest_files({"console.log": [line, val]})
     assert [e["step"] for e in cap.of("metric")] == [35]  # (2 - 1) * 25 + 10
+
+
+def test_a_torchelastic_summary_cut_above_its_root_cause_is_still_read(ingest_files):
+    # the excerpt starts after the summary's "====" rule and title, at "<NO_OTHER_FAILURES>"
+    _, cap = ingest_files({"console.log": _lines("exit/bridge-llm-1-sft-rank1-sigabrt.log")})
+    (ev,) = [e for e in cap.of("log") if (e.get("attrs") or {}).get("exit_code") is not None]
+    a = ev["attrs"]
+    assert (a["rank"], a["local_rank"], a["exit_code"], a["root_cause"]) == (1, 1, -6, True)
+    assert a["host"] == "user-Rack-Server" and a["pid"] == 2195196
+
+
+def test_a_summary_whose_lines_carry_a_harness_stream_label_is_read(ingest_files):
+    # accelerate test prints the child's stderr as "stderr: <line>"
+    _, cap = ingest_files({"console.log": _lines("exit/accelerate-1473-accelerate-test-rank1-exitcode1.log")})
+    exits = [e["attrs"] for e in cap.of("log") if (e.get("attrs") or {}).get("exit_code") is not None]
+    assert [(a["rank"], a["exit_code"], a["root_cause"]) for a in exits] == [(1, 1, True)]
