@@ -171,6 +171,9 @@ def _finding(kind: str, items: list[_Seen]) -> Finding:
     if kind == "collective_mismatch":
         ranks = _mismatch_culprits(items) or ranks
     also: list[int] = []
+    hang_note = ""
+    if kind == "hang":
+        ranks, hang_note = _hang_culprits(items, ranks)
     if kind in ("process_exit", "host_oom"):
         # torchelastic's summary names its first observed failure the root cause; the other exits it lists
         # (often in the same second) are stated, but not as culprits
@@ -193,11 +196,36 @@ def _finding(kind: str, items: list[_Seen]) -> Finding:
     if len(items) > 5:
         evidence.append(f"+{len(items) - 5} more line(s) like these")
     details: dict[str, Any] = {"facts": facts, "lines": len(items), "unknown_rank": unknown}
+    if hang_note:
+        details["reported_by"] = sorted({s.rank for s in items if s.rank is not None})
+        summary += f" ({hang_note})"
     if also:
         details["also_exited"] = also
         summary += f" (first observed; ranks {span_list(also)} exited too)"
     f = Finding(kind, "error", summary, ranks, nodes, steps[-1:], evidence, details)
     return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, kind) for s in items])
+
+
+def _hang_culprits(items: list[_Seen], ranks: list[int]) -> tuple[list[int], str]:
+    """Who a hang report blames: the ranks it names as stalled, else the one that enqueued least.
+
+    Horovod's stall inspector lists the ranks that did not submit ("Stalled ranks: 4: […]"). Each
+    ProcessGroupNCCL heartbeat monitor prints its outstanding works (``workMetaList_.size()``): a rank with
+    fewer than the others stopped enqueuing collectives first. Where every rank reports the same number,
+    all are equally stuck and the log names no culprit (an empty list: ``rank ?``).
+    """
+    stalled = sorted({int(s.failure.facts["stalled_rank"]) for s in items if "stalled_rank" in s.failure.facts})
+    if stalled:
+        return stalled, "named as stalled by the stall inspector"
+    works = {s.rank: int(s.failure.facts["outstanding_works"]) for s in items
+             if s.rank is not None and "outstanding_works" in s.failure.facts}
+    if len(works) < 2:
+        return ranks, ""
+    fewest = min(works.values())
+    if fewest == max(works.values()):
+        return [], f"ranks {span_list(sorted(works))} all wait on {fewest} outstanding work(s): no rank is behind"
+    behind = sorted(r for r, n in works.items() if n == fewest)
+    return behind, f"{fewest} outstanding works against up to {max(works.values())} on the others: it stopped enqueuing first"
 
 
 def _distinct(items: list[_Seen]) -> list[_Seen]:

@@ -123,9 +123,13 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
         lambda m: {"backend": "gloo"} | ({"peer": f"{m.group('peer')}:{m.group('port')}"} if m.group("peer") else {})),
     # ProcessGroupNCCL's heartbeat monitor; Horovod's stall inspector
     Signature("hang", re.compile(
-        r"Heartbeat monitor timed out|watchdog got stuck for (?P<stuck>\d+) seconds"
+        r"Heartbeat monitor timed out(?:.*?workMetaList_\.size\(\)=(?P<works>\d+))?"
+        r"|watchdog got stuck for (?P<stuck>\d+) seconds"
         r"|submitted to be reduced, gathered or broadcasted by subset of ranks"),
-        lambda m: _ints(m, stuck_s="stuck")),
+        lambda m: _ints(m, stuck_s="stuck", outstanding_works="works")),
+    # the stall inspector's list under "Stalled ranks:": "4: [horovod_allreduce.0, …]", the ranks not submitting
+    Signature("hang", re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:)?(?P<stalled>\d+): \[horovod_(?P<op>[a-z_]+)"),
+              lambda m: {"stalled_rank": int(m.group("stalled")), "op": m.group("op")}),
     # ProcessGroupNCCL.cpp WorkNCCL::checkTimeout
     Signature("collective_timeout", re.compile(
         r"(?:Watchdog caught|Caught) collective operation timeout: WorkNCCL\((?P<work>[^)]*\)?[^)]*)\)"
@@ -177,7 +181,7 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
 
 PREFILTER: Final = (
     r"out of memory|OutOfMemoryError|ALLOC_FAILED|Xid|ECC|illegal memory|fallen off|launch failure|unknown error"
-    r"|NVLink|Got completion|mismatch between collectives|didn't join|Heartbeat monitor|got stuck|subset of ranks"
+    r"|NVLink|Got completion|mismatch between collectives|didn't join|Heartbeat monitor|got stuck|subset of ranks|: \[horovod_"
     r"|operation timeout|Timed out|timed out|Timeout waiting|detected by watchdog|nccl\w*Error|NCCL|unhandled"
     r"|Caught signal|exitcode|exited with|exit status|return code|received by PID|Killed process|oom-kill|Error|Exception"
     r"|Interrupt|File \"|by peer"
