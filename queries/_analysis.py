@@ -53,6 +53,22 @@ __all__ = ["AnalysisConfig", "EventRef", "Finding", "NodeSummary", "RankSummary"
 _SEVERITY = {"error": 0, "warning": 1, "info": 2}
 
 
+def _training_ranks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``ranks`` rows less a launcher's own stream, where the log tells the real ranks apart.
+
+    In torchrun's ``--tee`` console the ranks' lines carry ``[defaultN]:``; the agent's own lines
+    (its warnings, the failure summary) carry none and would become one more "rank", numbered by
+    order of appearance. A stream whose rank was only guessed, that took no step and opened no span,
+    beside streams whose rank the log said, is that: its lines still count (a failure on it is
+    reported for ``rank ?``), but it is no rank of the job.
+    """
+    if all(r.get("rank_est") for r in ranks):
+        return ranks
+    kept = [r for r in ranks if not (r.get("rank_est") and not r["n"] and r["last_step"] is None
+                                     and r["last_span"] is None)]
+    return kept or ranks
+
+
 def analyze(
     job: JobData,
     config: AnalysisConfig | None = None,
@@ -92,6 +108,7 @@ def analyze(
         """,
         {"warm_from": warm_from},
     )
+    ranks = _training_ranks(ranks)
     head = {
         "t_min": min(r["first_ts"] for r in ranks), "ranks": len(ranks),
         "world": max((r["world"] or 0) for r in ranks),

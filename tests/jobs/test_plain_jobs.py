@@ -107,12 +107,7 @@ def test_the_first_finding_names_the_fault_and_its_rank(jobs, case, form, tmp_pa
         assert first.ranks == ranks, seen
 
 
-_LAUNCHER_RANK = pytest.mark.xfail(strict=True, reason="issue 19, still wrong: torchrun's own lines (its failure "
-                                   "summary, unprefixed) become a fifth rank of the console")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[_LAUNCHER_RANK] if c in ("hang", "crash", "mismatch") else [])
-                                  for c, w in EXPECTED.items() if w is None or w[0][0] != "loss_spike"])
+@pytest.mark.parametrize("case", [c for c, w in EXPECTED.items() if w is None or w[0][0] != "loss_spike"])
 def test_both_forms_see_the_same_ranks(jobs, case, tmp_path):
     """The console's ``[defaultN]:`` streams are local ranks 0–3, as the log directory's folders are: no
     launcher line becomes a fifth rank, and the numbering is N's, not the order of first appearance."""
