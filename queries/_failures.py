@@ -60,6 +60,7 @@ def analyze_failures(ctx: AnalysisContext) -> list[Finding]:
     seen = _read(ctx)
     if not seen:
         return []
+    every = seen
     typed = {s.stream_rank for s in seen if s.failure.kind != "python_exception" or "exception" in s.failure.facts}
     # a frame or an untyped traceback of a stream whose error line is there too (an exception, a timeout, a lost
     # peer) belongs to that error
@@ -75,6 +76,8 @@ def analyze_failures(ctx: AnalysisContext) -> list[Finding]:
     if culprit is not None and not set(culprit.ranks) & failed:  # a rank that crashed did not hang: its error says why
         findings.append(culprit)
     desync = _timeout_mismatch(groups.get(("collective_timeout", ""), []))
+    if desync is None:
+        desync = _site_mismatch(ctx, seen, every)
     if desync is not None:
         findings.append(desync)
     findings.sort(key=lambda f: (CAUSE_RANK.get(f.kind, 9) if f.kind != "hang" or not f.details.get("never_arrived")
@@ -98,7 +101,8 @@ def _read(ctx: AnalysisContext) -> list[_Seen]:
     lines = rows(
         ctx.con,
         """SELECT rank, coalesce(rank_est, false) AS rank_est, logger, node, ts, step, span_id, msg, attrs, contains(exc, 'Traceback (most recent call last)') AS tb,
-                  logger = 'nccl' AND level = 'WARNING' AS nccl_warn FROM events
+                  logger = 'nccl' AND level = 'WARNING' AS nccl_warn,
+                  CASE WHEN contains(CAST(attrs AS VARCHAR), '"exit_code"') THEN exc END AS summary_exc FROM events
            WHERE kind = 'log' AND msg IS NOT NULL AND NOT starts_with(coalesce(logger, ''), 'jobtrace')
              AND (regexp_matches(msg, $pattern) OR contains(exc, 'Traceback (most recent call last)')
                   OR (logger = 'nccl' AND level = 'WARNING'))
@@ -118,12 +122,32 @@ def _read(ctx: AnalysisContext) -> list[_Seen]:
         if f.rank is not None and f.host is None and rank != row["rank"]:
             node = nodes.get(rank) if known.get(rank) else None
         out.append(_Seen(f, rank, node, int(row["ts"]), row["step"], row["span_id"], row["msg"], row["rank"]))
+        inner = _summary_cause(row["summary_exc"])
+        if inner is not None:  # the exit's own traceback, in torchelastic's summary, says why it exited
+            cause, line = inner
+            out.append(_Seen(cause, rank, node, int(row["ts"]), row["step"], row["span_id"], line, row["rank"]))
     if any(s.rank is None and s.node and "device" in s.failure.facts for s in out):
         by_device = _device_ranks(ctx)
         for s in out:
             if s.rank is None and s.node:
                 s.rank = by_device.get((s.node, s.failure.facts.get("pid"), s.failure.facts.get("device")))
     return out
+
+
+def _summary_cause(exc: str | None) -> tuple[Failure, str] | None:
+    """The failure a torchelastic summary's ``traceback`` field reports (and its line), where it is one traceback.
+
+    A child's exit is the consequence; its traceback (recorded with ``@record``) often says the cause, a
+    desync or an NCCL error, which outranks the exit. A summary's root-cause entry holds the whole block
+    (every failure's traceback): only a single traceback is read, so no rank is given another's error.
+    """
+    if not exc or exc.count("Traceback (most recent call last)") != 1:
+        return None
+    for line in reversed(exc.splitlines()):
+        f = classify(line.strip())
+        if f is not None and f.kind not in ("process_exit", "host_oom", "python_exception"):
+            return f, line.strip()
+    return None
 
 
 _DEVICE_RANK: Final = re.compile(
@@ -261,12 +285,18 @@ def _what(kind: str, facts: dict[str, Any]) -> str:
 def _mismatch_culprits(items: list[_Seen]) -> list[int]:
     """Ranks that a desync report puts outside their group: the one running something else, or behind."""
     odd: set[int] = set()
+    pairs: list[set[int]] = []
     for s in items:
         f = s.failure.facts
         odd.update(int(r) for r in f.get("culprits", ()))
         if "rank_a" in f and "next" in f:
             odd.add(int(f["rank_a"]))
-    return sorted(odd)
+        if len(f.get("running", {})) == 2 and len(f.get("culprits", ())) == 2:
+            pairs.append({int(r) for r in f["running"]})
+    # ProcessGroupWrapper reports one pair a line ("Rank 0 is running …, but Rank 5 is running …"): the
+    # rank that is in every pair reported is the odd one out
+    common = set.intersection(*pairs) if len({frozenset(p) for p in pairs}) >= 2 else set()
+    return sorted(common) if len(common) == 1 else sorted(odd)
 
 
 def _timeout_mismatch(timeouts: list[_Seen]) -> Finding | None:
@@ -302,6 +332,58 @@ def _timeout_mismatch(timeouts: list[_Seen]) -> Finding | None:
         return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, "collective_timeout")
                        for s in first.values()])
     return None
+
+
+_FRAME: Final = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_LIBRARY: Final = re.compile(r"site-packages|dist-packages|^<frozen|/lib/python\d")
+
+
+def _site_mismatch(ctx: AnalysisContext, seen: list[_Seen], every: list[_Seen]) -> Finding | None:
+    """Ranks whose collective failed at another line of the training script than the others'.
+
+    gloo prints the same timeout (or "Connection closed by peer") on every rank of a desynchronised
+    job, whichever collective each called; their tracebacks still differ where the script called it
+    (``loss.backward()`` on three ranks, ``all_gather`` on the fourth). The deepest frame outside the
+    installed libraries is each rank's site; a minority site (fewer than half the ranks) among at least
+    three ranks is the odd one out. A rank's traceback is its error's (``exc``), else its frame lines
+    in ``every`` (a console whose nested prefixes kept the traceback from being joined).
+    """
+    failing = {s.rank for s in seen if s.rank is not None
+               and s.failure.kind in ("collective_timeout", "peer_lost", "nccl_error")}
+    if len(failing) < 3:
+        return None
+    found = rows(ctx.con, """SELECT rank, arg_min(exc, ts) AS exc FROM events
+                             WHERE kind = 'log' AND contains(exc, 'Traceback (most recent call last)')
+                               AND rank IN (SELECT unnest($ranks)) GROUP BY rank""", {"ranks": sorted(failing)})
+    texts = {row["rank"]: row["exc"] or "" for row in found}
+    frame_lines: dict[int, list[str]] = defaultdict(list)
+    for s in every:
+        if s.rank in failing and s.rank not in texts and "site" in s.failure.facts:
+            frame_lines[s.rank].append(s.msg)
+    texts |= {rank: "\n".join(lines) for rank, lines in frame_lines.items()}
+    # the frames of the script, as a set: the lines of a console that share one millisecond do not keep
+    # their order, so "the deepest frame" is read as "the frames that differ"
+    sites: dict[int, frozenset[str]] = {}
+    for rank, text in texts.items():
+        frames = frozenset(f"{m.group('file').rsplit('/', 1)[-1]}:{m.group('line')} {m.group('func')}"
+                           for m in _FRAME.finditer(text) if not _LIBRARY.search(m.group("file")))
+        if frames:
+            sites[rank] = frames
+    if len(sites) < 3:
+        return None
+    counts = Counter(sites.values())
+    top, n = counts.most_common(1)[0]
+    odd = sorted(r for r, site in sites.items() if site != top)
+    if not odd or len(odd) * 2 >= len(sites) or list(counts.values()).count(n) > 1:
+        return None
+    where = "; ".join(f"rank {r} at {', '.join(sorted(sites[r] - top))}" for r in odd[:4])
+    f = Finding("collective_mismatch", "error",
+                f"collective mismatch: rank{'s' if len(odd) > 1 else ''} {span_list(odd)} failed in a collective "
+                f"called from another line than the others' ({where}; the others at "
+                f"{', '.join(sorted(top - sites[odd[0]]))})", odd, [], [], [],
+                {"differs_in": "call_site", "sites": {str(r): sorted(site) for r, site in sorted(sites.items())}})
+    return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, s.failure.kind) for s in seen
+                   if s.rank in sites][:20])
 
 
 def _never_arrived(ctx: AnalysisContext, groups: dict[tuple[str, str], list[_Seen]]) -> Finding | None:

@@ -78,7 +78,10 @@ _SEQ_OF: Final = re.compile(r"Rank (\d+) is running collective: CollectiveFinger
 
 def _mismatch(m: re.Match[str]) -> dict[str, Any]:
     """The ranks a ProcessGroupWrapper report names; where both sequence numbers show, the one behind."""
-    named = [(int(r), int(seq) if seq else None) for r, seq in _SEQ_OF.findall(m.string)]
+    end = len(m.string.rstrip())
+    # a number the line ends in may be cut short (a pasted excerpt, a capped line): not compared
+    named = [(int(x.group(1)), int(x.group(2)) if x.group(2) and x.end() < end else None)
+             for x in _SEQ_OF.finditer(m.string)]
     facts: dict[str, Any] = {"running": {str(r): seq for r, seq in named}}
     seqs = {seq for _, seq in named}
     if len(named) == 2 and None not in seqs and len(seqs) == 2:

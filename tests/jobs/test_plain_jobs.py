@@ -44,11 +44,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...], list[int] | None] | None] = {
 }
 """Per case: the kinds that name its fault and the ranks the finding must name (``None``: any)."""
 
-STILL_WRONG: dict[tuple[str, str], str] = {
-    ("mismatch", "console"): "gloo times out or loses its peer on every rank; only rank 2's traceback site "
-                             "(all_gather, the others' loss.backward) tells the mismatch, not read yet",
-    ("mismatch", "logdir"): "as the console: every rank reports a timeout or a lost peer",
-}
+STILL_WRONG: dict[tuple[str, str], str] = {}
 """(case, form) → what the analysis says instead: strict xfails until it is right."""
 
 
