@@ -144,7 +144,7 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
     Signature("collective_timeout", re.compile(r"\[Rank \d+\] .*?(?:Socket Timeout|timed out in|Timeout waiting for)")),
     # ProcessGroupNCCL::watchdogHandler: after a timeout or error, where each rank was
     Signature("collective_timeout", re.compile(
-        r"detected by watchdog at work: (?P<work>\d+), last enqueued NCCL work: (?P<enq>-?\d+), "
+        r"(?:detected by watchdog at work|Timeout at NCCL work): (?P<work>\d+), last enqueued NCCL work: (?P<enq>-?\d+), "
         r"last completed NCCL work: (?P<done>-?\d+)"),
         lambda m: _ints(m, work="work", last_enqueued="enq", last_completed="done")),
     # NCCL's ncclResult_t strings (nccl.h.in), NCCLUtils.hpp's "NCCL error in:", the SIGBUS of a dying ncclGroupEnd
@@ -185,7 +185,7 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
 PREFILTER: Final = (
     r"out of memory|OutOfMemoryError|ALLOC_FAILED|Xid|ECC|illegal memory|fallen off|launch failure|unknown error"
     r"|NVLink|Got completion|mismatch between collectives|didn't join|Heartbeat monitor|got stuck|subset of ranks|: \[horovod_"
-    r"|operation timeout|Timed out|timed out|Timeout waiting|detected by watchdog|nccl\w*Error|NCCL|unhandled"
+    r"|operation timeout|Timed out|timed out|Timeout waiting|detected by watchdog|Timeout at NCCL work|nccl\w*Error|NCCL|unhandled"
     r"|Caught signal|exitcode|exited with|exit status|return code|received by PID|Killed process|oom-kill|Error|Exception"
     r"|Interrupt|File \"|by peer"
 )
