@@ -25,7 +25,7 @@ from ._lane import LaneDriver, lane_module
 from ._match import Matcher, hit_lines, make_matcher
 from ._output import UNKNOWN_NODE
 from ._plain import frac_ns
-from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, split_prefix
+from ._prefix import Prefix, PrefixMode, detect_mode, make_prefix, may_have_prefix, split_prefix
 from ._router import label_prefix
 from ._sources import FileIdentity, Source
 from ._streams import Src
@@ -169,7 +169,7 @@ class AlignPass:
                 text = raw[m.start(2):].decode("utf-8", "replace")
             else:
                 text = raw.decode("utf-8", "replace")
-                pfx, text = (split_prefix(text, mode) if (mode != PrefixMode.NONE or text[:1] == "[")
+                pfx, text = (split_prefix(text, mode) if (mode != PrefixMode.NONE or may_have_prefix(text))
                              else (None, text))
             if ids is None:
                 ids = self._sync_matcher.line(text)

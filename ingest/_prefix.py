@@ -4,6 +4,8 @@
 * pdsh (the DeepSpeed multi-node launcher): ``"worker-1: "``, the host name.
 * torchrun ``--tee``/``--redirects``: ``"[default3]:"`` (role name and local rank), and
   torch's own ``"[rank3]:"`` on C++ log lines and Python tracebacks since torch 2.2.
+* Open MPI's ``mpirun --tag-output``: ``"[1,3]<stdout>:"`` (job and global rank), after
+  ``--timestamp-output``'s ``"Fri Aug 11 12:31:45 2023"`` where given (kept, before the text).
 
 srun and pdsh prefixes cannot be told from ordinary text line by line (``"RuntimeError: x"``
 looks like a host), so the mode is decided once per file from a sample of its first
@@ -18,11 +20,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["PrefixMode", "Prefix", "detect_mode", "make_prefix", "split_prefix"]
+__all__ = ["PrefixMode", "Prefix", "detect_mode", "make_prefix", "may_have_prefix", "split_prefix"]
 
 _SRUN: Final = re.compile(r" *(\d{1,6}): ")
 _PDSH: Final = re.compile(r"([A-Za-z0-9][\w.-]{0,127}): ")
 _TORCHRUN: Final = re.compile(r"\[([A-Za-z_][\w-]{0,63}?)(\d{1,6})\]: ?")
+_MPIRUN: Final = re.compile(r"((?:[A-Z][a-z]{2} ){2}[ \d]\d \d\d:\d\d:\d\d \d{4})?\[\d{1,9},(\d{1,6})\]<std(?:out|err|diag)>: ?")
+_MPIRUN_WITHIN: Final = 48
+"""mpirun's tag ends within this many characters of the line's start (after a timestamp of 24)."""
 _NOT_HOSTS: Final = frozenset(
     {"INFO", "WARNING", "WARN", "ERROR", "DEBUG", "CRITICAL", "FATAL", "Traceback", "Note", "NOTE", "Warning",
      "Error", "Exception", "File", "Failures", "Root", "time", "host", "rank", "exitcode", "error_file", "traceback"}
@@ -82,10 +87,20 @@ def make_prefix(host: str | None, rank: int | None, local_rank: int | None, role
     return pfx
 
 
+def may_have_prefix(text: str) -> bool:
+    """Whether a line may start with a prefix that every mode reads (torchrun's, mpirun's tag)."""
+    return text[:1] == "[" or "]<std" in text[:_MPIRUN_WITHIN]
+
+
 def split_prefix(text: str, mode: str) -> tuple[Prefix | None, str]:
     """The launcher prefix of ``text`` (or ``None``) and the rest of the line."""
     host = None
     rank = None
+    if "]<std" in text[:_MPIRUN_WITHIN]:
+        mp = _MPIRUN.match(text)
+        if mp:
+            rest = text[mp.end():]
+            return make_prefix(None, int(mp.group(2)), None, None), (f"{mp.group(1)} {rest}" if mp.group(1) else rest)
     if mode == PrefixMode.SRUN:
         m = _SRUN.match(text)
         if m:

@@ -27,7 +27,7 @@ from ._context import IngestContext
 from ._match import NO_HITS, Matcher, hit_lines, make_matcher
 from ._output import UNKNOWN_NODE
 from ._plain import frac_ns, level_bytes, level_name, msg_json
-from ._prefix import Prefix, PrefixMode, make_prefix, split_prefix
+from ._prefix import Prefix, PrefixMode, make_prefix, may_have_prefix, split_prefix
 from ._streams import Src, Stream
 from ._timestamps import Head, HeadParser
 from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Line, Skip, StreamState
@@ -165,7 +165,7 @@ class StreamRouter:
                     if text.count("\ufffd") * 4 > len(text):
                         skipped["not text (undecodable bytes)"] = skipped.get("not text (undecodable bytes)", 0) + 1
                         continue
-                if mode != "none" or text[0] == "[":
+                if mode != "none" or may_have_prefix(text):
                     pfx, text = split_prefix(text, mode)  # type: ignore[arg-type]
                     if not text or text.isspace():
                         n_parsed += self._blank(streams.get(pfx))
@@ -370,8 +370,8 @@ def stream_label(mode: str | None, raw: bytes, label: int | None) -> int | None:
     """The lane label of the stream Python reads a given-back line into: its ``srun`` label, unless a torchrun
     prefix after it (``[rank3]:``, which the lane gives back) names the writer another way."""
     at = raw.find(b"[", 0, 16)
-    if at < 0 or raw[:at].strip(b" 0123456789:"):
-        return label  # no bracket where a prefix could be
+    if (at < 0 or raw[:at].strip(b" 0123456789:")) and b"]<std" not in raw[:48]:
+        return label  # no bracket where a prefix could be, nor an mpirun tag
     pfx, _ = split_prefix(raw.decode("utf-8", "replace"), mode or PrefixMode.NONE)
     if pfx is None:
         return None

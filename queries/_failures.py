@@ -151,8 +151,9 @@ def _summary_cause(exc: str | None) -> tuple[Failure, str] | None:
 
 
 _DEVICE_RANK: Final = re.compile(
-    # NCCL's "comm 0x… rank 1 nranks 2 cudaDev 1 … Init COMPLETE" (its head gives host and pid)
-    r"\brank (?P<rank>\d+) nranks \d+ cudaDev (?P<dev>\d+)"
+    # NCCL's "comm 0x… rank 1 nranks 2 cudaDev 1 … Init COMPLETE" and "Destroyed comm 0x… rank 4" (the head
+    # gives host, pid and, where the line does not, the GPU)
+    r"\bcomm 0x[0-9a-fA-F]+ rank (?P<rank>\d+)(?: nranks \d+ cudaDev (?P<dev>\d+))?"
     # nccl-tests' device table: " Rank  1 Group  0 Pid 1896106 on noodle-4090-0 device  1 [0x34] …"
     r"|^\s*Rank +(?P<rank2>\d+) Group +\d+ Pid +(?P<pid>\d+) on (?P<host>\S+) device +(?P<dev2>\d+)")
 
@@ -165,7 +166,7 @@ def _device_ranks(ctx: AnalysisContext) -> dict[tuple[str, int | None, int | Non
     """
     found = rows(ctx.con, """SELECT msg, attrs FROM events WHERE kind = 'log' AND msg IS NOT NULL
                              AND regexp_matches(msg, $pattern) LIMIT 100000""",
-                 {"pattern": r"nranks \d+ cudaDev|Rank +\d+ Group +\d+ Pid"})
+                 {"pattern": r"comm 0x[0-9a-fA-F]+ rank \d+|Rank +\d+ Group +\d+ Pid"})
     out: dict[tuple[str, int | None, int | None], int] = {}
     for row in found:
         m = _DEVICE_RANK.search(row["msg"])
@@ -175,7 +176,10 @@ def _device_ranks(ctx: AnalysisContext) -> dict[tuple[str, int | None, int | Non
             a = as_json(row["attrs"])
             if a.get("nccl_host") is None:
                 continue
-            key = (str(a["nccl_host"]), a.get("nccl_pid"), int(m.group("dev")))
+            dev = m.group("dev") if m.group("dev") is not None else a.get("cuda_dev")
+            if dev is None:
+                continue
+            key = (str(a["nccl_host"]), a.get("nccl_pid"), int(dev))
             out.setdefault(key, int(m.group("rank")))
         else:
             out.setdefault((m.group("host"), int(m.group("pid")), int(m.group("dev2"))), int(m.group("rank2")))

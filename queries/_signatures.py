@@ -153,6 +153,10 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
         r"|NCCL error in:|NCCL Error \d+|unhandled (?:cuda|system) error|invalid usage, NCCL version"
         r"|NCCL failure|no algorithm/protocol available)")),
     Signature("nccl_error", re.compile(r"NCCL WARN (?P<warn>.*)"), lambda m: {"warn": m.group("warn")[:200]}),
+    # the "Last error:" NCCL gives a DistBackendError, on the next line: "[Proxy Service 2] Failed to execute
+    # operation Connect from rank 2, retcode 3"
+    Signature("nccl_error", re.compile(r"\[Proxy Service \d+\] (?P<last>Failed to execute operation \w+.*)"),
+              lambda m: {"last_error": m.group("last")[:200]}),
     Signature("nccl_error", re.compile(r"Caught signal (?P<sig>\d+) \((?P<name>Bus error[^)]*)"),
               lambda m: {"signal": int(m.group("sig")), "error": m.group("name")}),
     # torchelastic api.py "failed (exitcode: -9) local_rank: 3 (pid: 812917) of binary"
@@ -185,7 +189,7 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
 PREFILTER: Final = (
     r"out of memory|OutOfMemoryError|ALLOC_FAILED|Xid|ECC|illegal memory|fallen off|launch failure|unknown error"
     r"|NVLink|Got completion|mismatch between collectives|didn't join|Heartbeat monitor|got stuck|subset of ranks|: \[horovod_"
-    r"|operation timeout|Timed out|timed out|Timeout waiting|detected by watchdog|Timeout at NCCL work|nccl\w*Error|NCCL|unhandled"
+    r"|operation timeout|Timed out|timed out|Timeout waiting|detected by watchdog|Timeout at NCCL work|nccl\w*Error|NCCL|Proxy Service|unhandled"
     r"|Caught signal|exitcode|exited with|exit status|return code|received by PID|Killed process|oom-kill|Error|Exception"
     r"|Interrupt|File \"|by peer"
 )

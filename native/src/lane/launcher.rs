@@ -1,5 +1,5 @@
 //! Launcher prefixes: the `srun --label` rank (`" 3: "`) a line may start with, which names its stream.
-//! Other prefixes (pdsh hosts, torchrun's `[default0]:`) are the Python engine's.
+//! Other prefixes (pdsh hosts, torchrun's `[default0]:`, mpirun's `[1,3]<stdout>:`) are the Python engine's.
 
 use super::timestamps::num;
 use super::{FastLane, GiveBack};
@@ -31,6 +31,12 @@ impl FastLane {
             Some((r, at)) => (Some(r), &raw[at..]),
             None => (None, raw),
         })
+    }
+
+    /// Whether a line may carry mpirun's `--tag-output` tag (`[1,3]<stdout>:`, after `--timestamp-output`'s
+    /// date): such a line is Python's (`ingest/_prefix.py` reads the tag), as `may_have_prefix` says there.
+    pub(super) fn mpirun_tagged(text: &[u8]) -> bool {
+        memchr::memmem::find(&text[..text.len().min(48)], b"]<std").is_some()
     }
 
     /// The `srun` label a line starts with, whatever else it holds.

@@ -531,7 +531,7 @@ impl FastLane {
         }
         let (label, text) = self.split_label(raw)?;
         let Some(&si) = self.by_label.get(&label) else { return Err(GiveBack) };
-        if self.streams[si].busy || text.is_empty() {
+        if self.streams[si].busy || text.is_empty() || Self::mpirun_tagged(text) {
             return Err(GiveBack);
         }
         let l = LineAt { si, label, text, ids: ids.as_slice() };
@@ -574,6 +574,9 @@ impl FastLane {
     /// module; `Ok(None)`: not a moment.
     fn sync_line(&mut self, raw: &[u8], ids: &[usize]) -> Result<Option<Moment>, GiveBack> {
         let (label, text) = self.split_label(raw)?;
+        if Self::mpirun_tagged(text) {
+            return Err(GiveBack);
+        }
         if ids.first().is_some_and(|&i| Some(i) == self.c.megatron) && text.starts_with(b" [") {
             return self.megatron_moment(label, text);
         }

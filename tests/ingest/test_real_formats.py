@@ -1,4 +1,4 @@
-"""apex's loss-scaling lines and mmengine's training lines, read from the real logs in tests/corpus.
+"""Formats read from the real logs in tests/corpus: apex loss scaling, mmengine, torchelastic summaries, mpirun tags.
 
 Each test reads an excerpt copied from a public issue (its provenance is in the excerpt's ``.json``), never a
 line rebuilt from a format string.
@@ -66,3 +66,14 @@ def test_a_summary_whose_lines_carry_a_harness_stream_label_is_read(ingest_files
     _, cap = ingest_files({"console.log": _lines("exit/accelerate-1473-accelerate-test-rank1-exitcode1.log")})
     exits = [e["attrs"] for e in cap.of("log") if (e.get("attrs") or {}).get("exit_code") is not None]
     assert [(a["rank"], a["exit_code"], a["root_cause"]) for a in exits] == [(1, 1, True)]
+
+
+def test_mpirun_tags_name_the_rank_after_a_timestamp_or_alone(ingest_files):
+    # nccl-957: "--timestamp-output --tag-output" lines of ranks 0 and 3; horovod-1442: "[1,0]<stderr>:" alone
+    summary, cap = ingest_files({"console.log": _lines("nccl/nccl-957-megatron-mpi-cuda-invalid-argument.log")})
+    warns = [e for e in cap.of("log") if e.get("logger") == "nccl" and "invalid argument" in e["msg"]]
+    assert sorted(e["rank"] for e in warns) == [0, 3]
+    assert not any("<stdout>" in e["msg"] for e in cap.of("log"))
+    _, cap = ingest_files({"other.log": _lines("hang/horovod-1442-stall-inspector-rank4.log")})
+    tagged = [e for e in cap.of("log") if "Stalled ranks" in e["msg"] or "horovod_allreduce" in e["msg"]]
+    assert tagged and all(e["rank"] == 0 and not e["msg"].startswith("[1,0]") for e in tagged)
