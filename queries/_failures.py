@@ -126,12 +126,43 @@ def _read(ctx: AnalysisContext) -> list[_Seen]:
         if inner is not None:  # the exit's own traceback, in torchelastic's summary, says why it exited
             cause, line = inner
             out.append(_Seen(cause, rank, node, int(row["ts"]), row["step"], row["span_id"], line, row["rank"]))
+    if any(s.rank is None and s.failure.local_rank is not None for s in out):
+        if _one_node(ctx, out):  # every worker of the job is this agent's: a local rank is the rank
+            for s in out:
+                if s.rank is None and s.failure.local_rank is not None:
+                    s.rank = s.failure.local_rank
     if any(s.rank is None and s.node and "device" in s.failure.facts for s in out):
         by_device = _device_ranks(ctx)
         for s in out:
             if s.rank is None and s.node:
                 s.rank = by_device.get((s.node, s.failure.facts.get("pid"), s.failure.facts.get("device")))
     return out
+
+
+_WORLD: Final = re.compile(r"\b(data|pipeline|tensor) parallel size: (\d+)|\bworld[_ ]size[=: ]+(\d+)", re.I)
+_SIGTERM: Final = re.compile(r"Sending process (\d+) closing signal")
+
+
+def _one_node(ctx: AnalysisContext, seen: list[_Seen]) -> bool:
+    """Whether one launcher agent ran every worker of the job: the world size the log states (Megatron's and
+    ColossalAI's data x pipeline x tensor parallel sizes, a ``world_size``) equals the workers that agent
+    stopped (torchelastic's "Sending process P closing signal") plus those whose exit it reported."""
+    found = rows(ctx.con, """SELECT msg FROM events WHERE kind = 'log' AND msg IS NOT NULL
+                             AND regexp_matches(msg, $pattern) LIMIT 10000""",
+                 {"pattern": r"(?i)parallel size: \d|world[_ ]size|closing signal"})
+    worlds: set[int] = set()
+    sizes: dict[str, int] = {}  # the parallel sizes, often on two wrapped lines: data x pipeline x tensor
+    pids = {int(s.failure.facts["pid"]) for s in seen if "pid" in s.failure.facts and s.failure.local_rank is not None}
+    for row in found:
+        for m in _WORLD.finditer(row["msg"]):
+            if m.group(1):
+                sizes.setdefault(m.group(1).lower(), int(m.group(2)))
+            else:
+                worlds.add(int(m.group(3)))
+        pids.update(int(p) for p in _SIGTERM.findall(row["msg"]))
+    if "data" in sizes:
+        worlds.add(sizes["data"] * sizes.get("pipeline", 1) * sizes.get("tensor", 1))
+    return len(worlds) == 1 and worlds == {len(pids)}
 
 
 def _summary_cause(exc: str | None) -> tuple[Failure, str] | None:

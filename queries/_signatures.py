@@ -93,8 +93,9 @@ def _mismatch(m: re.Match[str]) -> dict[str, Any]:
 
 def _exit(m: re.Match[str]) -> dict[str, Any]:
     facts = _ints(m, exitcode="code")
-    if m.groupdict().get("pid"):
-        facts["pid"] = int(m.group("pid"))
+    for key in ("pid", "local"):
+        if m.groupdict().get(key):
+            facts["local_rank" if key == "local" else key] = int(m.group(key))
     return facts
 
 
@@ -277,6 +278,8 @@ def classify(msg: str, attrs: Mapping[str, Any] | None = None, traceback: bool =
         found.rank = int(a["rank"])
     if a.get("local_rank") is not None:
         found.local_rank = int(a["local_rank"])
+    elif found.facts.get("local_rank") is not None:
+        found.local_rank = int(found.facts["local_rank"])
     return found
 
 
