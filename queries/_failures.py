@@ -126,11 +126,11 @@ def _read(ctx: AnalysisContext) -> list[_Seen]:
         if inner is not None:  # the exit's own traceback, in torchelastic's summary, says why it exited
             cause, line = inner
             out.append(_Seen(cause, rank, node, int(row["ts"]), row["step"], row["span_id"], line, row["rank"]))
-    if any(s.rank is None and s.failure.local_rank is not None for s in out):
-        if _one_node(ctx, out):  # every worker of the job is this agent's: a local rank is the rank
-            for s in out:
-                if s.rank is None and s.failure.local_rank is not None:
-                    s.rank = s.failure.local_rank
+    # where every worker of the job was one agent's, a local rank is the rank
+    if any(s.rank is None and s.failure.local_rank is not None for s in out) and _one_node(ctx, out):
+        for s in out:
+            if s.rank is None and s.failure.local_rank is not None:
+                s.rank = s.failure.local_rank
     if any(s.rank is None and s.node and "device" in s.failure.facts for s in out):
         by_device = _device_ranks(ctx)
         for s in out:
