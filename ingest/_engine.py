@@ -158,6 +158,10 @@ class Ingestor:
             applied = [abs(o.offset_ms) for o in residual.values() if o.applied]
             if applied and any(o.applied for o in self._ctx.offsets.values()):
                 s.alignment_residual_ms = round(max(applied), 3)
+        # The compiled lanes and moment store are bound to this thread: let them go here, not in whichever
+        # thread's garbage collection finds this ingest's cycles later (pyo3 would refuse, and leak them).
+        self._lanes.release()
+        self._output.moments = None
         return s
 
     # ---- identity ---------------------------------------------------------------

@@ -135,6 +135,10 @@ class LaneDriver:
             self._first[mode] = lane
         return lane
 
+    def release(self) -> None:
+        """Let the lanes kept for new files go (the end of an ingest)."""
+        self._first.clear()
+
     def block(self, src: Src, data: bytes, begin: int = 0, end: int | None = None) -> None:
         """The lane reads the lines of ``data[begin:end]`` (no copy of them); each line it gives back is read
         here, in order, with its stream's state."""
