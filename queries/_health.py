@@ -29,7 +29,9 @@ Rules (thresholds in :class:`AnalysisConfig`):
   where a flat-then-rising line fits the samples best (a least-squares hinge: noise in
   the flat part does not pull the start early, as a first crossing of the floor would).
 * ``throughput_drop``: the job's step time (median over ranks), smoothed with a centred
-  rolling median, ``throughput_drop`` above the best it had been before.
+  rolling median, ``throughput_drop`` above the best it had been before, for a window, and
+  ``throughput_spread_z`` robust standard deviations (IQR / 1.349) of the steps before it
+  above their median (a noisy job's swings are not a drop).
 * ``data_wait``: ranks spending ``data_wait_frac`` of their step in the ``data`` phase.
 * ``comm_share_rising``: the transfer share of step time (the least any rank spent in a
   step's collectives, so waiting for stragglers is not counted) rising by ``comm_rise``.
@@ -485,6 +487,14 @@ def _throughput(ctx: AnalysisContext) -> list[Finding]:
         return []
     if statistics.median(tail) - best < cfg.throughput_min_ms * 1e6:
         return []
+    # ...and beyond the run's own step-to-step spread: a noisy job (a busy host) swings by a third between
+    # its best few steps and its worst without anything having changed
+    raw_before = [p["ns"] for p in per[:start]]
+    if len(raw_before) >= 4:
+        q1, _, q3 = statistics.quantiles(raw_before, n=4)
+        spread = (q3 - q1) / 1.349
+        if statistics.median(tail) - statistics.median(raw_before) < cfg.throughput_spread_z * spread:
+            return []
     back = next((j for j in range(start + window, len(smooth)) if smooth[j] < (1 + cfg.throughput_drop / 2) * best), None)
     after = statistics.median(smooth[start:back] if back else smooth[start:])
     s = per[start]["step"]

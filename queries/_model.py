@@ -86,7 +86,9 @@ class AnalysisConfig:
     throughput_drop: float = 0.25
     """A window whose median step time is this much above the job's best window is a throughput drop…"""
     throughput_min_ms: float = 5.0
-    """…and at least this many milliseconds per step slower."""
+    """…and at least this many milliseconds per step slower…"""
+    throughput_spread_z: float = 3.0
+    """…and this many robust standard deviations of the earlier steps above their median."""
     data_wait_frac: float = 0.2
     """A rank spending at least this share of its step in the ``data`` phase is input-bound…"""
     data_wait_min_ms: float = 5.0
