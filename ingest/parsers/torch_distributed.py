@@ -283,19 +283,21 @@ class _ElasticSummary:
         return events
 
 
-_CUT_START: Final = re.compile(r"(?:Failures:|Root Cause \(first observed failure\):|\[\d+\]:)")
+_CUT_START: Final = re.compile(r"(?:Failures:|Root Cause \(first observed failure\):)")
 
 
 class ElasticFailureParser:
     """torchelastic's ``ChildFailedError`` summary, from its ``====`` rule, or from a section of it.
 
-    A log pasted into an issue, or the tail of a console, often starts inside the summary (at
-    ``Failures:``, ``Root Cause (first observed failure):`` or a failure's ``[N]:``): the block
-    is read from there, under the title "torchelastic failure summary".
+    A log pasted into an issue, or the tail of a console, often starts inside the summary: the block
+    is read from its next ``Failures:`` or ``Root Cause (first observed failure):``, under the title
+    "torchelastic failure summary".
     """
 
     name = "torchelastic"
-    triggers = (r"={20}", r"Failures:", r"Root Cause \(first observed failure\)", r"\[\d+\]:")
+    # (a cut block that starts at a failure's "[N]:" header is read from its next section: a "[N]:" trigger
+    # would send every torchrun-prefixed line, "[default0]:", through a regular-expression check)
+    triggers = (r"={20}", r"Failures:", r"Root Cause \(first observed failure\)")
 
     def __init__(self) -> None:
         self.tz: Any = None  # set by the engine: the zone of the failure times
