@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ._model import AnalysisContext, EventRef, Finding, as_json, rows, span_list
-from ._signatures import CAUSE_RANK, PREFILTER, Failure, classify
+from ._signatures import CAUSE_RANK, FRAME, PREFILTER, Failure, classify
 
 __all__ = ["analyze_failures"]
 
@@ -369,7 +369,6 @@ def _timeout_mismatch(timeouts: list[_Seen]) -> Finding | None:
     return None
 
 
-_FRAME: Final = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _LIBRARY: Final = re.compile(r"site-packages|dist-packages|^<frozen|/lib/python\d")
 
 
@@ -401,7 +400,7 @@ def _site_mismatch(ctx: AnalysisContext, seen: list[_Seen], every: list[_Seen]) 
     sites: dict[int, frozenset[str]] = {}
     for rank, text in texts.items():
         frames = frozenset(f"{m.group('file').rsplit('/', 1)[-1]}:{m.group('line')} {m.group('func')}"
-                           for m in _FRAME.finditer(text) if not _LIBRARY.search(m.group("file")))
+                           for m in FRAME.finditer(text) if not _LIBRARY.search(m.group("file")))
         if frames:
             sites[rank] = frames
     if len(sites) < 3:

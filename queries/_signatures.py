@@ -101,6 +101,9 @@ def _exit(m: re.Match[str]) -> dict[str, Any]:
 
 _HEX: Final = r"[0-9A-Fa-f]"
 
+FRAME: Final = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+"""One frame of a Python traceback (a signature below, and the call sites a desync is told by)."""
+
 SIGNATURES: Final[tuple[Signature, ...]] = (
     # c10/cuda/CUDACachingAllocator.cpp; NCCL's alloc.h ("Cuda failure 2 'out of memory'")
     Signature("cuda_oom", re.compile(
@@ -177,7 +180,7 @@ SIGNATURES: Final[tuple[Signature, ...]] = (
     Signature("host_oom", re.compile(r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:|invoked oom-killer"),
               lambda m: _ints(m, pid="pid")),
     # A traceback's frame, where an excerpt (or a rank's interleaved output) shows frames without their head
-    Signature("python_exception", re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)'),
+    Signature("python_exception", re.compile(r"^\s*" + FRAME.pattern),
               lambda m: {"site": f"{m.group('file').rsplit('/', 1)[-1]}:{m.group('line')} {m.group('func')}"}),
     # A traceback's last line (or one printed alone): ``SomeError: message``
     Signature("python_exception", re.compile(
