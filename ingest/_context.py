@@ -80,6 +80,7 @@ class IngestSummary:
     parser_errors: dict[str, int] = field(default_factory=dict)
     truncated_lines: int = 0
     estimated_ts: int = 0
+    mtime_ts: int = 0  # of those, timed by their file's mtime: the job had no stamped line to go by
     streams: list[dict[str, Any]] = field(default_factory=list)
     clock_offsets: list[ClockOffset] = field(default_factory=list)
     alignment_residual_ms: float | None = None

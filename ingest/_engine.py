@@ -187,6 +187,7 @@ class Ingestor:
         for stream in src.streams.values():
             self._router.end_block(stream)
             self._output.release_pending(stream, final=True)
+        self._output.note_file_end(src.streams)
         if src.fh is not None and not src.source.is_stdin:
             try:
                 src.fh.close()

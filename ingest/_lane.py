@@ -52,7 +52,7 @@ class LaneStream(NamedTuple):
     ident: bytes  # its output's encoded identity (b"" without output)
     last_ts: int | None
     busy: bool  # Python holds a multi-line block or lines waiting for a time of it
-    mtime_ns: int | None  # the file's, for lines that never get a time
+    fallback_ts: int | None  # a neighbour's time for lines of a stream with none (None: Python decides)
     generic_state: dict[str, Any]  # the parsers' state of the stream, by parser
     deepspeed_state: dict[str, Any]
     megatron_state: dict[str, Any]
@@ -61,12 +61,12 @@ class LaneStream(NamedTuple):
     rank_guessed: bool
 
 
-def lane_stream(label: int | None, stream: Stream) -> LaneStream:
+def lane_stream(label: int | None, stream: Stream, fallback_ts: int | None) -> LaneStream:
     """What the lane is given of ``stream`` (read by Python up to now) when it takes it (back)."""
     out = stream.out
     state = stream.state
     return LaneStream(label, out.index if out else None, stream.offset, out.head if out else b"", stream.last_ts,
-                      stream.block is not None or bool(stream.pending), stream.src.mtime_ns or None,
+                      stream.block is not None or bool(stream.pending), fallback_ts,
                       state.state("generic-step"), state.state("deepspeed"), state.state("megatron"),
                       state.state("huggingface"), stream.head.last_layout, state.rank_guessed)
 
@@ -183,7 +183,7 @@ class LaneDriver:
         out = stream.out
         if out is not None and out.chunked:
             src.lane.chunked_output(out.index)
-        src.lane.add_stream(lane_stream(label, stream))
+        src.lane.add_stream(lane_stream(label, stream, self._output.neighbour_ts(stream)))
         if self._output.moments is not None:
             src.lane.set_domain(label, self._output.moments.domain_id(stream.domain), False)
         if stream.pending and stream.block is None and src.lane.adopt_pending(label, stream.pending):

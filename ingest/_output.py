@@ -11,7 +11,7 @@ output's ``buf`` on its fast paths; everything else goes through :class:`Output`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import orjson
@@ -54,6 +54,9 @@ class Out:
 class _File(Protocol):
     mtime_ns: int | None
 
+    @property
+    def streams(self) -> Mapping[Any, Stream]: ...
+
 
 class Stream(Protocol):
     """What the writer reads and updates of an input stream (``._streams.Stream``)."""
@@ -93,6 +96,7 @@ class Output:
         self.max_rank = -1
         self.events: dict[str, int] = {}
         self.moments: Any = None
+        self.latest_ts: int | None = None  # the latest stamp of a file read to its end (see neighbour_ts)
 
     def out(self, node: str, rank: int, local: int, rank_est: bool = False) -> Out:
         key = (node, rank, rank_est)  # a guessed 0 and the rank 0 a prefix names are two writers
@@ -131,23 +135,50 @@ class Output:
         if len(stream.pending) >= self._pending_cap:
             self.release_pending(stream, final=True)
 
+    def neighbour_ts(self, stream: Stream) -> int | None:
+        """The time to give a stream's waiting lines when it has none of its own: its file's latest stamp
+        (another stream's), else the latest of the files already read; ``None`` when the job has none yet.
+
+        Never the file's modification time while the job has a stamp: a copied or re-touched log's mtime
+        can be years after its lines.
+        """
+        times = [st.last_ts for st in stream.src.streams.values() if st.last_ts is not None]
+        return max(times) if times else self.latest_ts
+
+    def note_file_end(self, streams: Mapping[Any, Stream]) -> None:
+        """A file read to its end: its latest stamp is a neighbour for the files after it."""
+        for st in streams.values():
+            if st.last_ts is not None and (self.latest_ts is None or st.last_ts > self.latest_ts):
+                self.latest_ts = st.last_ts
+
     def release_pending(self, stream: Stream, upto: int | None = None, final: bool = False) -> None:
-        """Give lines without a timestamp one between their neighbours' (evenly spaced), marked ``est``."""
+        """Give lines without a timestamp one between their neighbours' (evenly spaced), marked ``est``.
+
+        A stream with no time of its own takes its neighbours' (:meth:`neighbour_ts`); only a job with no
+        stamped line at all falls back to the file's mtime (counted as ``mtime_ts``), then to now.
+        """
         pending = stream.pending
         if not pending:
             return
         stream.pending = []
         lo = stream.last_ts
         if lo is None:
-            lo = upto if upto is not None else (stream.src.mtime_ns or time.time_ns())
+            lo = upto if upto is not None else self.neighbour_ts(stream)
+        if lo is None:
+            lo = stream.src.mtime_ns or time.time_ns()
+            self._summary.mtime_ts += len(pending)
         hi = upto if upto is not None and upto >= lo else lo
         n = len(pending)
         self._summary.estimated_ts += n
+        t = lo
         for i, (ev, _) in enumerate(pending):
-            t = lo + (hi - lo) * (i + 1) // (n + 1) if hi > lo else lo
+            # Evenly spaced between the neighbours; with no room between them, a nanosecond apart after
+            # ``lo``: no two lines share a time (a backend keeps one of two byte-identical events, and a
+            # sort by time keeps the file's order).
+            t = lo + (hi - lo) * (i + 1) // (n + 1) if hi > lo else lo + i + 1
             self.write(stream, ev, t, True)
         if final and upto is None:
-            stream.last_ts = lo
+            stream.last_ts = t
 
     def write(self, stream: Stream, ev: dict[str, Any], line_ts: int, est: bool) -> None:
         st = stream.state

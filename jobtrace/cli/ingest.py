@@ -44,6 +44,8 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
         out.append("  formats: " + ", ".join(f"{k} {v:,} lines" for k, v in sorted(s.lines_by_parser.items())))
     if s.estimated_ts:
         out.append(f"  timestamps estimated from neighbouring lines (marked est): {s.estimated_ts:,}")
+    if s.mtime_ts:
+        out.append(f"  of those, from the file's mtime (no stamped line in the job): {s.mtime_ts:,}")
     if s.truncated_lines:
         out.append(f"  lines cut at the size limit: {s.truncated_lines:,}")
     if s.parser_errors:

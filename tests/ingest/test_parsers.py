@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import orjson
@@ -307,3 +308,46 @@ def test_span_ids_are_counted_per_ingest(tmp_path):
 
     first, second = ids(runs[0]), ids({k: list(v.lines) for k, v in sinks.items()})
     assert first and second and not first & second
+
+
+@pytest.mark.parametrize("native", [False, None])
+def test_unstamped_streams_take_their_neighbours_time_not_the_mtime(tmp_path, native):
+    """A stream (or file) without one stamped line gets the job's own time, marked ``est``: never the
+    file's mtime, which for a copied log can be years after its lines (issue 19)."""
+    from ingest import IngestConfig, Ingestor, MemorySink
+
+    stamped = [f"0: 2024-05-01 10:00:{s:02d},250 - root - INFO - step {s} loss 2.5" for s in range(1, 6)]
+    unstamped = [f"1: rank one says {i}" for i in range(3)]  # srun label 1, no time on any line
+    mixed = tmp_path / "a-mixed.log"
+    mixed.write_text("\n".join(unstamped[:1] + stamped[:3] + unstamped[1:] + stamped[3:]) + "\n")
+    bare = tmp_path / "b-bare.log"
+    bare.write_text("".join(f"a line with no time {i}\n" for i in range(4)))
+    years_later = 1_950_000_000  # 2031
+    for p in (mixed, bare):
+        os.utime(p, (years_later, years_later))
+    sinks: dict = {}
+    summary = Ingestor(IngestConfig(job="neighbours", native=native),
+                       lambda n, r: sinks.setdefault((n, r), MemorySink())).run([str(mixed), str(bare)])
+    events = [orjson.loads(x) for s in sinks.values() for x in s.lines]
+    first, last = 1714557601_250_000_000, 1714557605_250_000_000  # 2024-05-01 10:00:01.25 and :05.25 UTC
+    own = [e for e in events if "rank one says" in str(e.get("msg"))]
+    bare_events = [e for e in events if "no time" in str(e.get("msg"))]
+    assert len(own) == 3 and len(bare_events) == 4
+    for e in own + bare_events:  # within the job's stamps (a few ns after the last one, in file order)
+        assert first <= e["ts"] <= last + 10 and e.get("est") is True, e
+    assert [e["ts"] for e in bare_events] == sorted({e["ts"] for e in bare_events})
+    assert summary.mtime_ts == 0 and summary.estimated_ts >= 7
+
+
+def test_a_job_with_no_stamp_at_all_says_it_used_the_mtime(tmp_path):
+    from ingest import IngestConfig, Ingestor, MemorySink
+
+    bare = tmp_path / "bare.log"
+    bare.write_text("one\ntwo\n")
+    os.utime(bare, (1_950_000_000, 1_950_000_000))
+    sinks: dict = {}
+    summary = Ingestor(IngestConfig(job="no-stamps"), lambda n, r: sinks.setdefault((n, r), MemorySink())
+                       ).run([str(bare)])
+    events = [orjson.loads(x) for s in sinks.values() for x in s.lines]
+    assert [e["ts"] for e in events] == [1_950_000_000 * 10**9 + 1, 1_950_000_000 * 10**9 + 2]
+    assert summary.mtime_ts == 2 and all(e["est"] for e in events)

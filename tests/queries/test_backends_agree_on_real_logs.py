@@ -27,19 +27,15 @@ EXCERPTS = [  # one or two per kind of verdict
     "exit/mmseg-3106-three-ranks-sigabrt-root-rank0",
     "hardware/deepspeed-4648-watchdog-cuda-unknown-error-rank0",
     "hang/deim-105-heartbeat-ranks-1-0-2-rank0-fewer-works",
-    pytest.param("hang/horovod-1442-stall-inspector-rank4", marks=pytest.mark.xfail(strict=True, reason=(
-        "issue 19, still wrong: OpenSearch ids are hashes of the event; six ranks' step lines in one unprefixed "
-        "console, four with the same numbers, make four byte-identical events (same guessed rank, same estimated "
-        "time) and the index keeps one; ingest needs a field that tells such lines apart (their place in the file)"))),
+    "hang/horovod-1442-stall-inspector-rank4",  # four byte-identical lines: ids told apart by time (ns)
     "nccl/nccl-tests-208-named-symbol-not-found",
     "health/hf-deepspeed-overflow-cascade-loss-scale-to-2",
     "health/apex-overflow-cascade-to-half",
     "health/xtuner-mmengine-grad-norm-nan",
     "health/bigscience-tr8-104B-exp2-loss-rise",
-    pytest.param("healthy/bigscience-meg-gpt2-n8-pp8-iterations-validation", marks=pytest.mark.xfail(
-        strict=True, reason="issue 19, still wrong: as horovod-1442, 137 events become 134 documents in OpenSearch")),
+    "healthy/bigscience-meg-gpt2-n8-pp8-iterations-validation",
 ]
-ALL_TIME = TimeRange(0, 2**62)  # the excerpts are stamped from 2019 on; unstamped lines get the file's time
+ALL_TIME = TimeRange(0, 2**62)  # the excerpts are stamped from 2019 on; lines of a job without stamps get the file's time
 
 
 def _verdicts(report) -> list[tuple[str, str, list[int]]]:

@@ -155,7 +155,7 @@ type GivenBack = (usize, usize, Option<u32>, Ids);
 
 /// A stream's state as Python hands it to the lane (`ingest._lane.LaneStream`), read by field name: its
 /// `srun` label, its output (`None` while Python has made none), clock offset, encoded identity, last time,
-/// whether Python holds a multi-line block or pending lines of it, the file's mtime, the parsers' state
+/// whether Python holds a multi-line block or pending lines of it, a neighbour's time, the parsers' state
 /// dicts, the last head layout read, and whether its rank is a guess.
 #[derive(FromPyObject)]
 pub struct LaneStream {
@@ -165,7 +165,7 @@ pub struct LaneStream {
     ident: Py<PyBytes>,
     last_ts: Option<i64>,
     busy: bool,
-    mtime_ns: Option<i64>,
+    fallback_ts: Option<i64>,
     generic_state: Py<PyDict>,
     deepspeed_state: Py<PyDict>,
     megatron_state: Py<PyDict>,
@@ -210,7 +210,7 @@ impl FastLane {
     /// its state).
     fn add_stream(&mut self, py: Python<'_>, stream: LaneStream) {
         let LaneStream {
-            label, out, offset, ident, last_ts, busy, mtime_ns, generic_state, deepspeed_state, megatron_state,
+            label, out, offset, ident, last_ts, busy, fallback_ts, generic_state, deepspeed_state, megatron_state,
             huggingface_state, last_layout, rank_guessed,
         } = stream;
         let ident = ident.as_bytes(py);
@@ -228,7 +228,7 @@ impl FastLane {
             huggingface_state,
             pending: Vec::new(),
             busy,
-            mtime_ns,
+            fallback_ts,
             generic_state,
         };
         match self.by_label.get(&label) {
@@ -351,16 +351,16 @@ impl FastLane {
     }
 
     /// At the end of the file: write the lines still waiting for a time at the stream's last time (or the
-    /// file's), as `_release_pending(final=True)` does; streams without an output keep theirs (Python's).
+    /// neighbour's), as `_release_pending(final=True)` does; streams without an output keep theirs (Python's).
     fn release_all(&mut self) {
         for si in 0..self.streams.len() {
             let s = &self.streams[si];
             if s.pending.is_empty() || s.out.is_none() {
                 continue;
             }
-            if let Some(lo) = s.last_ts.or(s.mtime_ns) {
-                self.write_released(si, lo, lo);
-                self.streams[si].last_ts = Some(lo);
+            if let Some(lo) = s.last_ts.or(s.fallback_ts) {
+                let last = self.write_released(si, lo, lo);
+                self.streams[si].last_ts = Some(last);
             }
         }
     }

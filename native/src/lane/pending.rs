@@ -202,7 +202,7 @@ impl FastLane {
     }
 
     /// Spread the pending lines' times over `(lo, hi)` (all at `lo` when the range is empty) and write them.
-    pub(super) fn write_released(&mut self, si: usize, lo: i64, hi: i64) {
+    pub(super) fn write_released(&mut self, si: usize, lo: i64, hi: i64) -> i64 {
         let s = &mut self.streams[si];
         let n = s.pending.len() as i64;
         let pend = std::mem::take(&mut s.pending);
@@ -216,11 +216,13 @@ impl FastLane {
             }
         }
         let buf = self.out_buf(out);
+        let mut t = lo;
         for (i, p) in pend.into_iter().enumerate() {
-            let t = if hi > lo { lo + (hi - lo) * (i as i64 + 1) / (n + 1) } else { lo };
+            t = released_ts(lo, hi, i as i64, n);
             p.write(buf, &open, t + offset);
         }
         self.streams[si].open = open;
+        t
     }
 
     /// Add a line's one pending event (a `print`, an NCCL line); at the cap, release them all as `_emit` does.
@@ -228,11 +230,11 @@ impl FastLane {
         let s = &mut self.streams[si];
         if s.pending.len() + 1 >= self.pending_cap {
             // Too many lines without a time: as the Python engine, write them all at the stream's last
-            // time (or the file's), which then stays the stream's last time.
-            let Some(lo) = s.last_ts.or(s.mtime_ns).filter(|_| s.out.is_some()) else { return Err(GiveBack) };
+            // time (or its neighbour's), which then stays the stream's last time.
+            let Some(lo) = s.last_ts.or(s.fallback_ts).filter(|_| s.out.is_some()) else { return Err(GiveBack) };
             s.pending.push(p);
-            self.write_released(si, lo, lo);
-            self.streams[si].last_ts = Some(lo);
+            let last = self.write_released(si, lo, lo);
+            self.streams[si].last_ts = Some(last);
             return Ok(true);
         }
         s.pending.push(p);
@@ -242,7 +244,7 @@ impl FastLane {
     /// Whether `k` more pending events fit before the cap, or the stream can release them as Python would.
     pub(super) fn check_room(&self, si: usize, k: usize) -> Result<(), GiveBack> {
         let s = &self.streams[si];
-        if s.pending.len() + k >= self.pending_cap && (s.last_ts.or(s.mtime_ns).is_none() || s.out.is_none()) {
+        if s.pending.len() + k >= self.pending_cap && (s.last_ts.or(s.fallback_ts).is_none() || s.out.is_none()) {
             return Err(GiveBack);
         }
         Ok(())
@@ -253,9 +255,9 @@ impl FastLane {
         let s = &mut self.streams[si];
         s.pending.extend(events);
         if s.pending.len() >= self.pending_cap {
-            let lo = s.last_ts.or(s.mtime_ns).expect("checked by check_room");
-            self.write_released(si, lo, lo);
-            self.streams[si].last_ts = Some(lo);
+            let lo = s.last_ts.or(s.fallback_ts).expect("checked by check_room");
+            let last = self.write_released(si, lo, lo);
+            self.streams[si].last_ts = Some(last);
         }
     }
 
@@ -267,4 +269,12 @@ impl FastLane {
         let msg = String::from_utf8(text.to_vec()).map_err(|_| GiveBack)?;
         self.push_pending(si, Pending::Print { msg })
     }
+}
+
+/// The time of the `i`-th of `n` lines released between `lo` and `hi` (as `Output.release_pending`):
+/// evenly spaced between them, or, with no room (`hi <= lo`), one nanosecond apart after `lo`, so that
+/// no two lines share a time (a backend keeps one of two byte-identical events) and a sort by time keeps
+/// the file's order.
+fn released_ts(lo: i64, hi: i64, i: i64, n: i64) -> i64 {
+    if hi > lo { lo + (hi - lo) * (i + 1) / (n + 1) } else { lo + i + 1 }
 }

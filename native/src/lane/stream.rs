@@ -49,8 +49,9 @@ pub(super) struct Stream {
     pub(super) pending: Vec<Pending>,
     /// Python holds a multi-line block or pending lines of this stream: all its lines go there.
     pub(super) busy: bool,
-    /// The file's modification time (ns): the time of waiting lines on a stream that has none of its own yet.
-    pub(super) mtime_ns: Option<i64>,
+    /// A neighbouring stream's time (ns), for waiting lines of a stream that has none of its own yet; `None`
+    /// sends them back to Python at the cap and at the end, which then knows the file's stamps.
+    pub(super) fallback_ts: Option<i64>,
     pub(super) generic_state: Py<PyDict>,
 }
 
