@@ -36,7 +36,7 @@ __all__ = ["DeepSpeedParser"]
 _RANK: Final = re.compile(r"\[Rank (-?\d+)\] ")
 _PROGRESS: Final = re.compile(r"step=(\d+), skipped=(\d+), lr=\[?([^\],]*)[^,]*(?:\])?, mom=")
 _TIMERS: Final = re.compile(r"time \(ms\)((?: \| [\w.-]+: [-\d.]+(?: \([^)]*\))?)+)")
-_TIMER_ITEM: Final = re.compile(r"([\w.-]+): ([-\d.]+)")
+_TIMER_ITEM: Final = re.compile(r"(?<![\w.-])([\w.-]+): ([-\d.]+)")  # a name from where it starts: linear
 _THROUGHPUT: Final = re.compile(
     r"epoch=(\d+)/micro_step=(\d+)/global_step=(\d+), RunningAvgSamplesPerSec=([^,]+), CurrSamplesPerSec=([^,]+)"
     r"(?:, MemAllocated=([\d.]+)GB, MaxMemAllocated=([\d.]+)GB)?")

@@ -24,9 +24,13 @@ from ._util import collective_op, layout_spans, metric_value, step_span
 
 __all__ = ["GenericStepParser", "step_line_events"]
 
-_STEP: Final = re.compile(r"(?i)\b(global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?(\d+)(?:\s*/\s*\d+)?")
+# Linear on any line (issue 20): no two quantifiers here can match the same text, so a failed match
+# gives back at most one run. A key starts only where a run of key characters starts (the look-behind;
+# leading ``-./`` as in ``--lr`` are skipped, not part of it), and a number's digits are read one way.
+_STEP: Final = re.compile(r"(?i)\b(global_step|step|iter|iteration)\b\s*(?:[=:#]\s*)?\[?(\d+)(?:\s*/\s*\d+)?")
 _PAIR: Final = re.compile(
-    r"(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?(?P<val>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|Infinity)"
+    r"(?<![\w./-])[-./]*(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?"
+    r"(?P<val>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|NaN|inf|-inf|Infinity)"
     r"\s?(?P<unit>ms|s|us|µs|sec|secs|seconds|msec)?(?![\w.])")
 _METRICS: Final = {
     "loss": "loss", "train_loss": "loss", "lm_loss": "loss", "lr": "lr", "learning_rate": "lr",
@@ -103,7 +107,7 @@ def _role(key: str, unit: str | None) -> tuple[str | None, str, float]:
 class GenericStepParser:
     name = "generic-step"
     sync_points = True  # its step ends are moments all ranks share (clock alignment)
-    triggers = (r"(?i)\b(?:global_step|step|iter|iteration)\b\s*[=:#]?\s*\[?\d",)
+    triggers = (r"(?i)\b(?:global_step|step|iter|iteration)\b\s*(?:[=:#]\s*)?\[?\d",)
 
     def sync_step(self, text: str) -> int | None:
         m = _STEP.search(text)

@@ -30,10 +30,12 @@ from ._util import metric_value, number, step_span
 
 __all__ = ["HuggingFaceParser"]
 
-_DICT: Final = re.compile(r"\{'[A-Za-z_][\w/.-]*': .*\}")
+_DICT_HEAD: Final = re.compile(r"\{'[A-Za-z_][\w/.-]*': ")  # the dict runs from here to the line's last "}"
 _PAIR: Final = re.compile(r"'([A-Za-z_][\w/.-]*)': '?([^,'}]+)'?")
+# The description before the bar (``Training:  45%|…``) is cut from the text in front of the match
+# (:func:`_bar_desc`): as a lazy group of the pattern it made every search quadratic (issue 20).
 _BAR: Final = re.compile(
-    r"(?:(?P<desc>[^\r\n|]*?): )?\s*(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<total>\d+) "
+    r"(?<!\d)(?P<pct>\d+)%\|[^|]*\| (?P<n>\d+)/(?P<total>\d+) "
     r"\[(?P<el>[\d:]+)<(?P<rem>[\d:?]+), +(?P<rate>[\d.?]+)(?P<unit>it/s|s/it)(?P<post>[^\]]*)\]")
 _KEYS: Final = {"learning_rate": "lr", "train_samples_per_second": "train_samples_per_s",
                 "train_steps_per_second": "train_steps_per_s"}
@@ -51,6 +53,17 @@ def _seconds(text: str) -> float | None:
     return float(total)
 
 
+def _bar_desc(text: str, start: int) -> str | None:
+    """The description of a bar that starts at ``start``: the text before it, back to the last ``|`` or
+    line break, when that ends in ``": "`` and blanks (``Training:  45%|``); else ``None``."""
+    seg = max(text.rfind("|", 0, start), text.rfind("\r", 0, start), text.rfind("\n", 0, start)) + 1
+    pre = text[seg:start]
+    kept = pre.rstrip()
+    if kept.endswith(":") and pre[len(kept):len(kept) + 1] == " ":
+        return kept[:-1]
+    return None
+
+
 class HuggingFaceParser:
     name = "huggingface"
     triggers = (r"\{'[A-Za-z_][A-Za-z0-9_/.-]*': ", r"\| \d+/\d+ \[[0-9:]+<")
@@ -58,12 +71,13 @@ class HuggingFaceParser:
     def parse(self, line: Line) -> list[PartialEvent] | Skip | None:
         text = line.text
         if "{'" in text:
-            m = _DICT.search(text)
-            if m:
-                return self._metrics(line, m.group(0))
+            head = _DICT_HEAD.search(text)
+            end = text.rfind("}") if head else -1
+            if head and end >= head.end():
+                return self._metrics(line, text[head.start():end + 1])
         m = _BAR.search(text)
         if m:
-            return self._bar(line, m)
+            return self._bar(line, m, _bar_desc(text, m.start()))
         return None
 
     def _metrics(self, line: Line, blob: str) -> list[PartialEvent] | None:
@@ -95,10 +109,10 @@ class HuggingFaceParser:
             ev["step"] = step
         return [ev]
 
-    def _bar(self, line: Line, m: re.Match[str]) -> list[PartialEvent] | Skip:
+    def _bar(self, line: Line, m: re.Match[str], desc: str | None) -> list[PartialEvent] | Skip:
         state = line.stream.state(self.name)
         n, total = int(m.group("n")), int(m.group("total"))
-        key = (m.group("desc") or "", total)
+        key = (desc or "", total)
         bar = state.get("bar")
         if bar is None or (key == bar and n < state.get("n", 0)):
             state["bar"] = bar = key

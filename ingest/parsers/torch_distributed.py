@@ -36,7 +36,7 @@ __all__ = ["ElasticFailureParser", "NcclParser", "OomParser", "TracebackParser",
 
 _MAX_BLOCK_LINES: Final = 2000
 _MAX_BLOCK_CHARS: Final = 256 * 1024
-_SIZE: Final = re.compile(r"([\d.]+) ?(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|bytes)")
+_SIZE: Final = re.compile(r"(?<![\d.])([\d.]+) ?(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|bytes)")
 _UNITS: Final = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
                  "KB": 1000, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 
@@ -54,16 +54,18 @@ def _bytes(text: str | None) -> int | None:
 
 
 # ---- CUDA out of memory -----------------------------------------------------------
+# An amount is read from where its digits start, and its unit starts with a letter: ``[\d.]+ ?\w+`` let the
+# two runs trade digits and took cubic time on a long run of digits (issue 20).
 _OOM_NEW: Final = re.compile(
-    r"(?:CUDA )?[Oo]ut of memory\. Tried to allocate (?P<tried>[\d.]+ ?\w+)\. GPU (?P<gpu>\d+) has a total "
-    r"capac(?:i)?ty of (?P<total>[\d.]+ ?\w+) of which (?P<free>[\d.]+ ?\w+) is free\.(?P<rest>.*)")
+    r"(?:CUDA )?[Oo]ut of memory\. Tried to allocate (?P<tried>(?<![\d.])[\d.]+ ?[A-Za-z]\w*)\. GPU (?P<gpu>\d+) has a total "
+    r"capac(?:i)?ty of (?P<total>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) of which (?P<free>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) is free\.(?P<rest>.*)")
 _OOM_OLD: Final = re.compile(
-    r"CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ ?\w+) \(GPU (?P<gpu>\d+); (?P<total>[\d.]+ ?\w+) "
-    r"total capacity; (?P<alloc>[\d.]+ ?\w+) already allocated; (?P<free>[\d.]+ ?\w+) free;(?P<rest>.*)")
-_OOM_ALLOC: Final = re.compile(r"Of the allocated memory (?P<alloc>[\d.]+ ?\w+) is allocated by PyTorch")
-_OOM_RES: Final = re.compile(r"(?P<res>[\d.]+ ?\w+) is reserved by PyTorch but unallocated")
-_OOM_PROC: Final = re.compile(r"(?:Process (?P<pid>\d+) has|this process has) (?P<use>[\d.]+ ?\w+) memory in use")
-_OOM_OLD_RES: Final = re.compile(r"(?P<res>[\d.]+ ?\w+) reserved in total by PyTorch")
+    r"CUDA out of memory\. Tried to allocate (?P<tried>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) \(GPU (?P<gpu>\d+); (?P<total>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) "
+    r"total capacity; (?P<alloc>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) already allocated; (?P<free>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) free;(?P<rest>.*)")
+_OOM_ALLOC: Final = re.compile(r"Of the allocated memory (?P<alloc>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) is allocated by PyTorch")
+_OOM_RES: Final = re.compile(r"(?P<res>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) is reserved by PyTorch but unallocated")
+_OOM_PROC: Final = re.compile(r"(?:Process (?P<pid>\d+) has|this process has) (?P<use>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) memory in use")
+_OOM_OLD_RES: Final = re.compile(r"(?P<res>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) reserved in total by PyTorch")
 
 
 def oom_attrs(text: str) -> dict[str, Any] | None:
@@ -106,7 +108,11 @@ class OomParser:
 
 # ---- Python tracebacks ------------------------------------------------------------
 _CHAIN: Final = ("During handling of the above exception", "The above exception was the direct cause")
-_EXC_LINE: Final = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning|Failure|Timeout|[A-Z]\w*))(?::|$)")
+# An exception's name: dotted words up to ``:`` or the end, whose last part has a capital after the first
+# character (``ValueError``, ``torch.OutOfMemoryError``). The capital is looked for after the match: in
+# the pattern, two runs that could both take it made a long line quadratic (issue 20).
+_EXC_LINE: Final = re.compile(r"([A-Za-z_][\w.]*)(?::|$)")
+_EXC_CAPITAL: Final = re.compile(r"[A-Z]")
 
 
 class _Traceback:
@@ -154,7 +160,7 @@ class _Traceback:
         last = self.lines[-1] if self.lines else ""
         exc_type = None
         m = _EXC_LINE.match(last.strip())
-        if m:
+        if m and _EXC_CAPITAL.search(m.group(1), 1 + m.group(1).rfind(".") if "." in m.group(1) else 1):
             exc_type = m.group(1)
         attrs: dict[str, Any] = {"lines": len(self.lines)}
         if exc_type:
@@ -313,7 +319,7 @@ class ElasticFailureParser:
 
 # ---- NCCL debug lines -------------------------------------------------------------
 _NCCL: Final = re.compile(
-    r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:(?P<file>[\w./-]+):(?P<line>\d+) "
+    r"(?<![\w.-])(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:(?P<file>[\w./-]+):(?P<line>\d+) "
     r"(?:\((?P<func>[^)]*)\) )?)?NCCL (?P<lvl>INFO|WARN|TRACE|CALL|ABORT) ?(?P<msg>.*)")
 
 
@@ -338,7 +344,7 @@ _WATCHDOG: Final = re.compile(
     r"(?:\[(?:PG (?:ID )?(?P<pg>\d+) (?:PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)]*)\))? )?)?Rank (?P<rank>\d+)\]\s*)?"
     r"(?:Watchdog caught|Caught) collective operation timeout: WorkNCCL\((?P<work>.*?)\) ran for (?P<ms>\d+) "
     r"milliseconds before timing out")
-_WORK: Final = re.compile(r"(\w+(?:\(ms\))?)=([^,]+)")
+_WORK: Final = re.compile(r"(?<!\w)(\w+(?:\(ms\))?)=([^,]+)")  # a key from where it starts: linear
 
 
 class WatchdogParser:
