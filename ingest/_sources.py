@@ -167,6 +167,8 @@ def expand_paths(paths: list[str]) -> list[str]:
             candidates = []
             for g in sorted(glob.glob(p, recursive=True)):
                 candidates += _walk(g) if os.path.isdir(g) else [g]
+            if not candidates:  # a typo must not drop a rank's files (or the whole job) silently
+                raise ConfigError(f"no file matches {p!r}")
         elif os.path.exists(p):
             candidates = [p]
         else:
@@ -176,6 +178,8 @@ def expand_paths(paths: list[str]) -> list[str]:
             if key not in seen:
                 seen.add(key)
                 out.append(c)
+    if not out:
+        raise ConfigError("no input files in " + ", ".join(repr(p) for p in paths))
     return out
 
 

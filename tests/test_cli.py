@@ -348,3 +348,33 @@ class TestNoFallbackToTheLocalStore:
                   "--json")
         assert res.exit_code == 1 and "note:" not in res.stderr
         assert [f["ranks"] for f in json.loads(res.stdout)["findings"] if f["kind"] == "stalled_rank"] == [[2]]
+
+
+@pytest.mark.parametrize("args", [
+    ["--stall-threshold", "-5"], ["--stall-threshold", "0"], ["--slow-factor", "0"], ["--slow-factor", "1"],
+])
+def test_trace_job_refuses_thresholds_that_flag_everything(store, args):
+    """``--stall-threshold -5`` flagged every finished rank and ``--slow-factor 0`` every rank (issue 20)."""
+    res = run(trace_job, "demo", "--data-dir", store, *args)
+    assert res.exit_code == 2 and "is not in the range" in res.output, res.output
+    assert "stalled" not in res.output
+
+
+@pytest.mark.parametrize("args", [
+    ["ingest", "x.log", "--world-size", "0"], ["ingest", "x.log", "--rank", "-1"], ["ingest", "x.log", "--year", "20"],
+    ["ingest", "x.log", "--idle-exit", "0"], ["demo", "--hang-step", "0"], ["demo", "--slow-ms", "-1"],
+])
+def test_numeric_options_out_of_range_are_usage_errors(args):
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2 and "is not in the range" in res.output, res.output
+
+
+def test_a_glob_that_matches_nothing_is_an_error_not_an_empty_job(tmp_path):
+    """It exited 0 with "next: trace-job g1", which then exited 3 (issue 20)."""
+    (tmp_path / "rank0.log").write_text("step 1 loss 2.5 time 30ms\n")
+    for paths, says in (([str(tmp_path / "nothing*.log")], "no file matches"),
+                        ([str(tmp_path / "rank0.log"), str(tmp_path / "rank1*.log")], "no file matches"),
+                        ([str(tmp_path / "empty")], "no input files")):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        res = CliRunner().invoke(main, ["ingest", *paths, "--job", "g1", "--data-dir", str(tmp_path / "d")])
+        assert res.exit_code == EXIT_ERROR and says in res.output and "next: trace-job" not in res.output, res.output

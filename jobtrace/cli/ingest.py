@@ -98,15 +98,15 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
               help="Embedded store directory (--backend local; the spool for servers lives there too).")
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the files grow (a running job); Ctrl-C stops.")
-@click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many seconds without new lines.")
+@click.option("--idle-exit", type=click.FloatRange(0, min_open=True), default=None, help="With --follow: stop after this many seconds without new lines.")
 @click.option("--tz", default="UTC", show_default=True,
               help="Zone of timestamps that carry none: UTC, local, +HH:MM or a name like Europe/Paris.")
-@click.option("--year", type=int, default=None, help="Year for formats without one (glog/c10 lines).")
+@click.option("--year", type=click.IntRange(1970, 9999), default=None, help="Year for formats without one (glog/c10 lines).")
 @click.option("--rank-from-filename", default=None,
               help="Regex with groups rank/node/local_rank (or one group = rank) applied to each file path.")
 @click.option("--node", default=None, help="Node name for every line (when the logs do not say).")
-@click.option("--rank", type=int, default=None, help="Rank for a single-rank input.")
-@click.option("--world-size", type=int, default=None, help="World size (default: highest rank seen + 1).")
+@click.option("--rank", type=click.IntRange(0), default=None, help="Rank for a single-rank input.")
+@click.option("--world-size", type=click.IntRange(1), default=None, help="World size (default: highest rank seen + 1).")
 @click.option("--no-align", is_flag=True, help="Do not estimate and correct clock offsets between nodes.")
 @click.option("--overwrite", is_flag=True, help="Replace the job's earlier ingested events instead of appending.")
 @click.option("--plugin", multiple=True, help="Import this module first (it registers its own parsers).")

@@ -27,7 +27,7 @@ __all__ = ["setup"]
               help="How long to keep phase/collective spans (default: as logs).")
 @click.option("--replicas", type=click.IntRange(0), default=None,
               help="index.number_of_replicas for jobtrace data (default: the cluster's).")
-@click.option("--wait", "wait_s", type=float, default=0.0, show_default=True,
+@click.option("--wait", "wait_s", type=click.FloatRange(0), default=0.0, show_default=True,
               help="Seconds to wait for the servers to come up (for compose stacks).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_retention: str,

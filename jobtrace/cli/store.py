@@ -23,7 +23,7 @@ __all__ = ["export", "jobs", "replay"]
 @backend_option(SHIP_TO, default=None, help="The spool's backend.")
 @click.option("--url", default=None,
               help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Give up waiting after this many seconds (what is left stays spooled).")
 def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> None:
     """Send what a shipper left in SPOOL_DIR (a server outage outlasting the job), in order, then exit.
@@ -57,7 +57,7 @@ def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> N
 @click.option("--url", default=None,
               help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Stop after this many seconds; what the server has not taken is reported (a rerun is safe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export(job_id: str, backend: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:

@@ -19,9 +19,9 @@ __all__ = ["analysis_options", "report_and_exit", "trace_job", "trace_job_main"]
 
 
 def analysis_options(f: Any) -> Any:
-    f = click.option("--stall-threshold", "stall_s", type=float, default=300.0, show_default=True,
+    f = click.option("--stall-threshold", "stall_s", type=click.FloatRange(0, min_open=True), default=300.0, show_default=True,
                      help="Seconds without progress (or heartbeat) before a rank counts as stalled.")(f)
-    f = click.option("--slow-factor", type=float, default=1.3, show_default=True,
+    f = click.option("--slow-factor", type=click.FloatRange(1, min_open=True), default=1.3, show_default=True,
                      help="A rank is slow when its median compute per step is this many times the median rank's.")(f)
     f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
     return f

@@ -153,7 +153,7 @@ fn number_at(t: &[u8], v: usize) -> Option<usize> {
 }
 
 /// The generic parser's `_PAIR` searched in printable-ASCII `text` from `at`, as Python's `re` finds it:
-/// `(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?(?P<val>number)\s?(?P<unit>ms|s|…)?(?![\w.])`.
+/// `(?<![\w./-])[-./]*(?P<key>[A-Za-z_][\w./-]*)(?:=|:?\s+)\[?(?P<val>number)\s?(?P<unit>ms|s|…)?(?![\w.])`.
 ///
 /// Each part has one way to match that can lead anywhere (the key stops where the separator must start,
 /// and so on), so the first way Python tries is the only one, except in the tail: there the blank, the
@@ -163,13 +163,27 @@ pub(super) fn next_pair(text: &str, at: usize) -> Result<Option<Pair>, GiveBack>
     let t = text.as_bytes();
     let n = t.len();
     let blank = |i: usize| matches!(t.get(i), Some(b' ') | Some(b'\t'));
-    for s in at..n {
+    let keyish = |c: u8| is_word(c) || matches!(c, b'.' | b'/' | b'-');
+    let mut next = at;
+    while next < n {
+        let s = next;
+        next += 1;
         if !(t[s].is_ascii_alphabetic() || t[s] == b'_') {
             continue;
         }
+        // `(?<![\w./-])[-./]*`: a key starts only where its run of key characters starts (after `--`
+        // and the like), so a failed key skips its whole run: linear on any line.
+        let mut b = s;
+        while b > at && matches!(t[b - 1], b'.' | b'/' | b'-') {
+            b -= 1;
+        }
         let mut k = s + 1;
-        while k < n && (is_word(t[k]) || matches!(t[k], b'.' | b'/' | b'-')) {
+        while k < n && keyish(t[k]) {
             k += 1;
+        }
+        next = k;
+        if b > 0 && keyish(t[b - 1]) {
+            continue;
         }
         let mut p = k;
         if t.get(p) == Some(&b'=') {
