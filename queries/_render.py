@@ -6,7 +6,9 @@ one injected ``Console`` so tests can capture exactly what a user sees.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import re
+from typing import Any, Final
 
 import orjson
 from rich.console import Console, Group
@@ -119,7 +121,33 @@ def _nodes_table(report: Report, limit: int = 16) -> Table | None:
     return t
 
 
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _visible(text: str) -> str:
+    """``text`` with control characters written out (``\\x1b``): a log line's ``ESC]0;…BEL`` or ``ESC[2J``
+    must not retitle or clear the reader's terminal (issue 20). Newlines and tabs stay."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _defanged(value: Any) -> Any:
+    """A copy of a report's value (dataclasses, dicts, lists, strings) with every string :func:`_visible`."""
+    if isinstance(value, str):
+        return _visible(value) if _CONTROL.search(value) else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _defanged(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, dict):
+        return {_defanged(k): _defanged(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
+        return type(value)(*(_defanged(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_defanged(v) for v in value)
+    return value
+
+
 def print_report(report: Report, console: Console) -> None:
+    report = _defanged(report)
     verdict = "HEALTHY" if report.healthy else "PROBLEM FOUND"
     style = "green" if report.healthy else "red"
     console.print(Panel(_summary(report), title=f"trace-job {report.job_id}: {verdict}", border_style=style))

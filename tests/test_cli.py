@@ -378,3 +378,17 @@ def test_a_glob_that_matches_nothing_is_an_error_not_an_empty_job(tmp_path):
         (tmp_path / "empty").mkdir(exist_ok=True)
         res = CliRunner().invoke(main, ["ingest", *paths, "--job", "g1", "--data-dir", str(tmp_path / "d")])
         assert res.exit_code == EXIT_ERROR and says in res.output and "next: trace-job" not in res.output, res.output
+
+
+def test_control_characters_of_log_text_reach_the_terminal_written_out(tmp_path):
+    """A log line's ``ESC]0;…BEL`` (retitle) and ``ESC[2J`` (clear) are shown as ``\\x1b…``, not sent (issue 20)."""
+    log = tmp_path / "rank0.log"
+    log.write_text("2024-05-01 10:00:00,000 - root - INFO - step 1 loss 2.5 time 30ms\n"
+                   "Traceback (most recent call last):\n  File \"train.py\", line 1, in <module>\n"
+                   "RuntimeError: \x1b]0;pwned\x07\x1b[2J boom\n")
+    data = str(tmp_path / "d")
+    assert CliRunner().invoke(main, ["ingest", str(log), "--job", "esc", "--data-dir", data, "-q"]).exit_code == 0
+    res = run(trace_job, "esc", "--data-dir", data)
+    assert res.exit_code == EXIT_PROBLEM, res.output
+    assert "\x1b" not in res.output and "\x07" not in res.output
+    assert "\\x1b]0;pwned\\x07\\x1b[2J boom" in res.output
