@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,5 +56,26 @@ def test_data_sources_and_the_collector_point_at_the_stacks_services():
     assert collector["service"]["pipelines"]["traces"]["exporters"] == ["otlp/tempo"]
     tempo = load(DEPLOY / "loki" / "tempo.yaml")
     assert tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(":4317")
-    assert "4318:4318" in stack["otel-collector"]["ports"] and "3100:3100" in stack["loki"]["ports"]
+    published = {svc: [str(p).rsplit(":", 2)[-2] + ":" + str(p).rsplit(":", 1)[-1] for p in stack[svc]["ports"]]
+                 for svc in ("otel-collector", "loki")}
+    assert "4318:4318" in published["otel-collector"] and "3100:3100" in published["loki"]
     assert load(DEPLOY / "loki" / "loki.yaml")["limits_config"]["allow_structured_metadata"] is True
+
+
+COMPOSE_FILES = sorted(DEPLOY.glob("*/compose*.yaml"))
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_published_port_binds_to_loopback_unless_told(path):
+    """The demo stacks bound every port on 0.0.0.0 (issue 20): now 127.0.0.1 unless JOBTRACE_BIND says."""
+    services = load(path).get("services", {})
+    ports = [p for svc in services.values() for p in svc.get("ports", [])]
+    assert ports or path.name != "compose.yaml"
+    for p in ports:
+        assert str(p).startswith("${JOBTRACE_BIND:-127.0.0.1}:"), f"{path.name}: {p}"
+
+
+def test_grafana_has_no_default_password_and_no_anonymous_access_by_default():
+    env = load(DEPLOY / "loki" / "compose.yaml")["services"]["grafana"]["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "${GRAFANA_ANONYMOUS:-false}"
