@@ -133,7 +133,7 @@ def _visible(text: str) -> str:
 def _defanged(value: Any) -> Any:
     """A copy of a report's value (dataclasses, dicts, lists, strings) with every string :func:`_visible`."""
     if isinstance(value, str):
-        return _visible(value) if _CONTROL.search(value) else value
+        return _visible(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {f.name: _defanged(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changes)

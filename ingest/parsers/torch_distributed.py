@@ -56,16 +56,17 @@ def _bytes(text: str | None) -> int | None:
 # ---- CUDA out of memory -----------------------------------------------------------
 # An amount is read from where its digits start, and its unit starts with a letter: ``[\d.]+ ?\w+`` let the
 # two runs trade digits and took cubic time on a long run of digits (issue 20).
+_AMOUNT: Final = r"(?<![\d.])[\d.]+ ?[A-Za-z]\w*"
 _OOM_NEW: Final = re.compile(
-    r"(?:CUDA )?[Oo]ut of memory\. Tried to allocate (?P<tried>(?<![\d.])[\d.]+ ?[A-Za-z]\w*)\. GPU (?P<gpu>\d+) has a total "
-    r"capac(?:i)?ty of (?P<total>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) of which (?P<free>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) is free\.(?P<rest>.*)")
+    rf"(?:CUDA )?[Oo]ut of memory\. Tried to allocate (?P<tried>{_AMOUNT})\. GPU (?P<gpu>\d+) has a total "
+    rf"capac(?:i)?ty of (?P<total>{_AMOUNT}) of which (?P<free>{_AMOUNT}) is free\.(?P<rest>.*)")
 _OOM_OLD: Final = re.compile(
-    r"CUDA out of memory\. Tried to allocate (?P<tried>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) \(GPU (?P<gpu>\d+); (?P<total>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) "
-    r"total capacity; (?P<alloc>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) already allocated; (?P<free>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) free;(?P<rest>.*)")
-_OOM_ALLOC: Final = re.compile(r"Of the allocated memory (?P<alloc>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) is allocated by PyTorch")
-_OOM_RES: Final = re.compile(r"(?P<res>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) is reserved by PyTorch but unallocated")
-_OOM_PROC: Final = re.compile(r"(?:Process (?P<pid>\d+) has|this process has) (?P<use>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) memory in use")
-_OOM_OLD_RES: Final = re.compile(r"(?P<res>(?<![\d.])[\d.]+ ?[A-Za-z]\w*) reserved in total by PyTorch")
+    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_AMOUNT}) \(GPU (?P<gpu>\d+); (?P<total>{_AMOUNT}) "
+    rf"total capacity; (?P<alloc>{_AMOUNT}) already allocated; (?P<free>{_AMOUNT}) free;(?P<rest>.*)")
+_OOM_ALLOC: Final = re.compile(rf"Of the allocated memory (?P<alloc>{_AMOUNT}) is allocated by PyTorch")
+_OOM_RES: Final = re.compile(rf"(?P<res>{_AMOUNT}) is reserved by PyTorch but unallocated")
+_OOM_PROC: Final = re.compile(rf"(?:Process (?P<pid>\d+) has|this process has) (?P<use>{_AMOUNT}) memory in use")
+_OOM_OLD_RES: Final = re.compile(rf"(?P<res>{_AMOUNT}) reserved in total by PyTorch")
 
 
 def oom_attrs(text: str) -> dict[str, Any] | None:
@@ -160,7 +161,7 @@ class _Traceback:
         last = self.lines[-1] if self.lines else ""
         exc_type = None
         m = _EXC_LINE.match(last.strip())
-        if m and _EXC_CAPITAL.search(m.group(1), 1 + m.group(1).rfind(".") if "." in m.group(1) else 1):
+        if m and _EXC_CAPITAL.search(m.group(1), max(1, m.group(1).rfind(".") + 1)):
             exc_type = m.group(1)
         attrs: dict[str, Any] = {"lines": len(self.lines)}
         if exc_type:
