@@ -16,7 +16,8 @@ from ._align import ClockOffset, estimate_offsets
 from ._allocator import keep_freed_memory
 from ._context import IngestConfig, IngestSummary
 from ._engine import Ingestor, default_registry, register_parser
-from ._sinks import SINK_KINDS, MemorySink, open_sink
+from ._resume import Reuse, SourceBook
+from ._sinks import SINK_KINDS, MemorySink, local_files, open_sink
 from ._timestamps import parse_timestamp
 from ._types import FEED_DONE, FEED_MORE, FEED_REJECT, Block, Line, Parser, ParserRegistry, Skip, StreamState
 
@@ -33,12 +34,15 @@ __all__ = [
     "MemorySink",
     "Parser",
     "ParserRegistry",
+    "Reuse",
     "SINK_KINDS",
     "Skip",
+    "SourceBook",
     "StreamState",
     "default_registry",
     "estimate_offsets",
     "keep_freed_memory",
+    "local_files",
     "open_sink",
     "parse_timestamp",
     "register_parser",

@@ -88,6 +88,9 @@ class IngestSummary:
     fast_lane: bool = False
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What the ingest ledger decided: files skipped as already ingested, or read on from where they stopped."""
+    files_skipped: int = 0
 
     @property
     def skipped_total(self) -> int:

@@ -43,6 +43,7 @@ from ._match import matcher_engine
 from ._output import Output
 from ._plain import PlainLines
 from ._prefix import detect_mode
+from ._resume import SourceBook, SourcePlan
 from ._router import StreamRouter
 from ._sinks import SinkFactory
 from ._sources import FileIdentity, Source, expand_paths, identity_from_name, spool_stdin
@@ -63,7 +64,7 @@ class Ingestor:
     """
 
     def __init__(self, config: IngestConfig, sink_factory: SinkFactory, registry: ParserRegistry | None = None,
-                 progress: ProgressFn | None = None) -> None:
+                 progress: ProgressFn | None = None, book: SourceBook | None = None) -> None:
         from .parsers import builtin_registry
 
         self.cfg = config
@@ -99,6 +100,8 @@ class Ingestor:
         self._alignment = AlignPass(self._ctx, self._lanes, self._file_identity)
         self._bytes_total = 0
         self._stop = False
+        # the job's ingest ledger (see ._resume): None reads every source whole, whatever was read before
+        self._book = book
 
     # ---- public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -122,12 +125,27 @@ class Ingestor:
             else:
                 sources.append(Source(f, display="<stdin>" if f == "-" else f))
         self.summary.files = [s.display for s in sources]
-        self._span_ids.next = SpanIds.for_inputs(self.cfg.job, self.summary.files).next
-        self._bytes_total = sum(s.size for s in sources)
+        plans = self._book.plan(sources) if self._book is not None else [SourcePlan(s) for s in sources]
+        for plan in plans:
+            if plan.note:
+                self.summary.notes.append(plan.note)
+            if plan.error:
+                self.summary.errors.append(plan.error)
+        reading = [p for p in plans if p.read]
+        self.summary.files_skipped = len(plans) - len(reading)
+        # ids depend on the inputs' names (a repeated ingest repeats its lines exactly); a file read on from
+        # an offset is another input: its ids must not repeat those of the lines read before it
+        self._span_ids.next = SpanIds.for_inputs(
+            self.cfg.job, [p.source.display + (f"@{p.start}" if p.start else "") for p in plans]).next
+        self._bytes_total = sum(max(0, p.source.size - p.start) for p in reading)
+        srcs: list[Src] = []
         try:
-            if self.cfg.align and len(sources) > 0:
-                self._alignment.run(sources)
-            srcs = [Src(s, i, self._file_identity(s), self.cfg.max_line_bytes) for i, s in enumerate(sources)]
+            if self.cfg.align and reading:
+                self._alignment.run([p.source for p in plans if p.error is None])
+            for i, plan in enumerate(reading):
+                src = Src(plan.source, i, self._file_identity(plan.source), self.cfg.max_line_bytes)
+                src.record, src.fed = plan.record, plan.start
+                srcs.append(src)
             for src in srcs:
                 self._open(src)
                 self._drain(src)
@@ -139,6 +157,8 @@ class Ingestor:
                 self._close_src(src)
         finally:
             self._output.close()
+            if self._book is not None:  # what did not reach its end (an interruption, an error) stays incomplete
+                self._book.stopped([src.record for src in srcs if src.record is not None and src.record.started])
             for path in temp:
                 try:
                     os.unlink(path)
@@ -173,10 +193,15 @@ class Ingestor:
     def _open(self, src: Src) -> None:
         try:
             src.fh = src.source.open()
+            if src.fed:  # read on from the ledger's checkpoint (a plain file: compressed ones start over)
+                src.fh.seek(src.fed)
         except Exception as exc:  # noqa: BLE001 - reported in the summary, the other files go on
             src.fh = None
             src.done = True
             self.summary.errors.append(f"{src.source.display}: {exc}")
+            return
+        if self._book is not None and src.record is not None:
+            self._book.begin(src.record)
 
     def _close_src(self, src: Src) -> None:
         tail = src.reader.finish()
@@ -188,6 +213,7 @@ class Ingestor:
             self._router.end_block(stream)
             self._output.release_pending(stream, final=True)
         self._output.note_file_end(src.streams)
+        reached_end = src.fh is not None and not src.done  # a followed file: as far as it is written
         if src.fh is not None and not src.source.is_stdin:
             try:
                 src.fh.close()
@@ -195,6 +221,12 @@ class Ingestor:
                 pass
         src.fh = None
         self._output.flush()
+        if self._book is not None and src.record is not None and src.record.state == "running":
+            self._output.flush_sinks()
+            if reached_end:
+                self._book.checkpoint([(src.record, src.fed)], [src.record])
+            else:
+                self._book.stopped([src.record])
 
     def _drain(self, src: Src) -> bool:
         """Read what the source has now; True if anything was read."""
@@ -214,7 +246,11 @@ class Ingestor:
             got = True
             self.summary.bytes_read += len(data)
             self._feed(src, data)
+            src.fed += len(data)
             self._output.flush()
+            if self._book is not None and src.record is not None:
+                src.record.read = src.fed
+                self._book.progress([src.record])
             if self._progress is not None:
                 self._progress(self.summary.bytes_read, self._bytes_total, self.summary.lines,
                                self._ctx.n_log + sum(self._output.events.values()))
@@ -248,9 +284,15 @@ class Ingestor:
                     for f in expand_paths(patterns):
                         if f != "-" and f not in known:
                             known.add(f)
-                            src = Src(Source(f), len(srcs), self._file_identity(Source(f)), self.cfg.max_line_bytes)
-                            srcs.append(src)
+                            plan = self._book.plan_more(Source(f)) if self._book is not None else SourcePlan(Source(f))
                             self.summary.files.append(f)
+                            if not plan.read:
+                                self.summary.notes += [plan.note] if plan.note else []
+                                self.summary.errors += [plan.error] if plan.error else []
+                                continue
+                            src = Src(plan.source, len(srcs), self._file_identity(plan.source), self.cfg.max_line_bytes)
+                            src.record, src.fed = plan.record, plan.start
+                            srcs.append(src)
                             self._open(src)
                             got = self._drain(src) or got
                 except Exception:  # noqa: BLE001, S110 - a vanished path: keep following the others
@@ -261,10 +303,26 @@ class Ingestor:
             for src in srcs:  # nothing new: close blocks and release lines waiting for a timestamp
                 for stream in src.streams.values():
                     self._router.end_block(stream)
+                    # as at a file's end: a followed log without stamps is written as it comes, not at the cap
+                    self._output.release_pending(stream, final=True)
+                if src.lane is not None:
+                    self._lanes.release_waiting(src)
             self._output.flush()
+            self._checkpoint_followed(srcs)
             if self.cfg.idle_exit_s is not None and now - idle_since >= self.cfg.idle_exit_s:
                 return
             time.sleep(self.cfg.poll_s)
+
+    def _checkpoint_followed(self, srcs: list[Src]) -> None:
+        """Followed files with nothing new: record how far they are written, where no line read is held back
+        (waiting for a time, or the rest of an over-long line) and the file is plain (an offset to seek to)."""
+        if self._book is None:
+            return
+        live = [s for s in srcs if s.record is not None and s.record.state == "running" and not s.done]
+        if not live or any(s.source.compressed or s.reader.discard or _holding(s) for s in live):
+            return
+        self._output.flush_sinks()
+        self._book.checkpoint([(s.record, s.fed - len(s.reader.carry)) for s in live if s.record is not None])
 
     # ---- the main pass ----------------------------------------------------------------
     def _block(self, src: Src, block: bytes, last: bool, truncated: bool = False) -> None:
@@ -282,6 +340,13 @@ class Ingestor:
                 self._lanes.block(src, block)
             return
         self._router.block(src, block, truncated)
+
+
+def _holding(src: Src) -> bool:
+    """Whether lines of ``src`` that were read are not written yet (pending, or in an open block)."""
+    if src.lane is not None and src.lane.holding():
+        return True
+    return any(st.pending or st.block is not None for st in src.streams.values())
 
 
 _DEFAULT: ParserRegistry | None = None

@@ -226,6 +226,12 @@ class LaneDriver:
         for reason, n in counts["skipped"].items():
             s.skipped[reason] = s.skipped.get(reason, 0) + n
 
+    def release_waiting(self, src: Src) -> None:
+        """A followed file has nothing new: the lines the lane holds waiting for a time are written, as at its end
+        (those of a stream without an output stay until it has one)."""
+        src.lane.release_all()
+        self._drain(src)
+
     def close(self, src: Src) -> None:
         """The end of ``src``: the lines still waiting for a time written by the lane where it can, else by
         Python (what the lane holds of each stream is handed back), and the lane let go."""

@@ -239,6 +239,12 @@ class Output:
                 buf, out.buf = out.buf, []
                 out.sink.write(buf)
 
+    def flush_sinks(self) -> None:
+        """Write the buffers and have every sink make them durable (a checkpoint of the ingest ledger follows)."""
+        self.flush()
+        for sink in self._sinks.values():
+            sink.flush()
+
     def close(self) -> None:
         try:
             self.flush()

@@ -16,7 +16,7 @@ from jobtrace.errors import ConfigError
 from jobtrace.store import job_dir, spool_root
 from shippers import LocalStoreSink, Sink
 
-__all__ = ["SINK_KINDS", "MemorySink", "SinkFactory", "open_sink"]
+__all__ = ["SINK_KINDS", "MemorySink", "SinkFactory", "local_files", "open_sink"]
 
 SINK_KINDS: Final = ("local", "loki", "victorialogs", "elasticsearch")
 
@@ -108,4 +108,5 @@ def _network(kind: str, job: str, data_dir: str | os.PathLike[str], url: str | N
 
 
 def local_files(data_dir: str | os.PathLike[str], job: str) -> list[Path]:
+    """The job's files in the embedded store that ingests write (``*.p0.jsonl``; see :func:`open_sink`)."""
     return sorted(job_dir(data_dir, job).glob("*.p0.jsonl"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobtrace.store import SourceRecord
+
 from ._chunks import ChunkReader
 from ._output import Out
 from ._prefix import Prefix
@@ -44,7 +46,7 @@ class Src:
     """One input file of the main pass: its chunk reader, prefix mode, streams and (if any) its compiled lane."""
 
     __slots__ = ("source", "fid", "ident", "mode", "streams", "reader", "order", "fh", "mtime_ns",
-                 "done", "default_day", "by_label", "lane", "lane_streams")
+                 "done", "default_day", "by_label", "lane", "lane_streams", "record", "fed")
 
     def __init__(self, source: Source, fid: int, ident: FileIdentity, max_line_bytes: int) -> None:
         self.source = source
@@ -61,3 +63,5 @@ class Src:
         self.by_label: dict[bytes, Stream] = {}  # srun label as written (b"" without prefix) → its stream
         self.lane: Any = None  # the compiled fast lane reading this file (see ._lane), if any
         self.lane_streams: dict[int | None, Stream] = {}  # streams the lane holds, by srun label (None: none)
+        self.record: SourceRecord | None = None  # its entry in the ingest ledger, where one is kept (see ._resume)
+        self.fed = 0  # bytes of it read into the reader, counted from the file's start

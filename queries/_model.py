@@ -270,6 +270,8 @@ class Report:
     """Collective matching: groups, instances, last arrivers, the wavefront when the job hangs."""
     golden: list[str] = field(default_factory=list)
     """Reference runs this job was compared with."""
+    caveats: list[str] = field(default_factory=list)
+    """What limits the report, said before it: an ingest that did not finish ("ingest incomplete: 92 % of x.log")."""
     t_min: int = 0
     t_max: int = 0
 

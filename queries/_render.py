@@ -56,6 +56,8 @@ def _summary(report: Report) -> Table:
         t.add_row("compared with", ", ".join(report.golden))
     if report.skipped:
         t.add_row("skipped", ", ".join(f"{n} {why}" for why, n in report.skipped.items()))
+    for caveat in report.caveats:
+        t.add_row(Text("caveat", style="bold yellow"), Text(caveat, style="yellow"))
     return t
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from jobtrace.errors import JobNotFound, Refused
+from jobtrace.store import ingest_caveats
 
 from ._analysis import analyze
 from ._flight_recorder import add_flight_recorder, load_flight_recorder
@@ -55,11 +56,17 @@ def trace_job(job_id: str, data_dir: str | os.PathLike[str], cfg: AnalysisConfig
     gdir = opts.golden_dir or golden_dir(data_dir)
     refs = [load_golden(gdir, name) for name in opts.compare_to]
     report = analyze(job, cfg, golden=refs, links=opts.links if opts.links.enabled else None)
+    report.caveats += ingest_caveats(data_dir, job_id, _source_kind(job.source))
     if opts.timeline:
         write_timeline_html(job, report, opts.timeline)
     if opts.perfetto:
         write_perfetto(job, report, opts.perfetto)
     return report, job
+
+
+def _source_kind(source: str) -> str:
+    """The ingest ledger's target kind of a job's source (``local:dir`` → ``local``, ``loki:url`` → ``loki``)."""
+    return source.split(":", 1)[0]
 
 
 def mark_golden(job_id: str, data_dir: str | os.PathLike[str], name: str | None = None,

@@ -20,7 +20,7 @@ from .options import backend_option
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ingest import IngestConfig, Ingestor, IngestSummary
+    from ingest import IngestConfig, Ingestor, IngestSummary, SourceBook
 
 INGEST_TARGETS: Final = ("local", "loki", "victorialogs", "elasticsearch")
 """Where ``--backend`` sends the events: ``ingest.SINK_KINDS``, spelled here so that reading this
@@ -33,7 +33,12 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
     """The closing summary as plain text: lines, events by type, skips by reason, clocks, streams."""
     engine = ", compiled lane" if s.fast_lane else ""
     rate = f" ({s.lines / s.seconds:,.0f} lines/s{engine})" if s.seconds > 0 else ""
-    out = [f"ingested job {s.job}: {len(s.files)} file(s), {s.bytes_read:,} bytes, {s.lines:,} lines in "
+    read = len(s.files) - s.files_skipped
+    if s.files and not read and not s.errors:
+        return "\n".join([f"nothing new for job {s.job}: every file was ingested before (--replace reads them "
+                          "again)", *(f"  note: {n}" for n in s.notes)])
+    files = f"{read} file(s)" + (f" ({s.files_skipped} skipped)" if s.files_skipped else "")
+    out = [f"ingested job {s.job}: {files}, {s.bytes_read:,} bytes, {s.lines:,} lines in "
            f"{s.seconds:.2f}s{rate}"]
     out.append(f"  lines parsed: {s.parsed:,}   skipped: {s.skipped_total:,}")
     for reason, n in sorted(s.skipped.items(), key=lambda kv: -kv[1]):
@@ -68,6 +73,8 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
     guessed = [d for d in s.streams if d["rank_guessed"]]
     out.append(f"  ranks: {len(ranks)}" + (f" ({len(guessed)} stream(s) had no rank in prefixes or file names; "
                                            "numbered in order of appearance)" if guessed else ""))
+    for note in s.notes:
+        out.append(f"  note: {note}")
     for err in s.errors:
         out.append(f"  error: {err}")
     where = f"{data_dir}/{s.job}" if to == "local" else to
@@ -108,15 +115,23 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--rank", type=click.IntRange(0), default=None, help="Rank for a single-rank input.")
 @click.option("--world-size", type=click.IntRange(1), default=None, help="World size (default: highest rank seen + 1).")
 @click.option("--no-align", is_flag=True, help="Do not estimate and correct clock offsets between nodes.")
-@click.option("--overwrite", is_flag=True, help="Replace the job's earlier ingested events instead of appending.")
+@click.option("--replace", "--overwrite", "replace", is_flag=True,
+              help="Read every file again from its start: the job's earlier ingested events are removed first "
+                   "(embedded store; a server keeps what it was sent).")
+@click.option("--append", is_flag=True,
+              help="Read every file whole and add its events to the job, even content ingested before (the job "
+                   "then holds those events twice). Without it, content already ingested is skipped and a file "
+                   "that grew, or whose ingest stopped, is read on from where it was.")
 @click.option("--plugin", multiple=True, help="Import this module first (it registers its own parsers).")
+@click.option("--engine", type=click.Choice(["auto", "compiled", "python"]), default="auto", show_default=True,
+              help="Which engine reads the lines: the compiled lane where built (auto), required, or Python's.")
 @click.option("--no-hyperscan", is_flag=True, help="Match with Python's re even when Hyperscan is installed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
                    tz: str, year: int | None, rank_from_filename: str | None, node: str | None, rank: int | None,
-                   world_size: int | None, no_align: bool, overwrite: bool, plugin: tuple[str, ...],
-                   no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
+                   world_size: int | None, no_align: bool, replace: bool, append: bool, plugin: tuple[str, ...],
+                   engine: str, no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
     """Turn the log files of a job (PATH: files, directories, globs, .gz/.zst, - for stdin) into events.
 
     Megatron-LM, DeepSpeed, Hugging Face Trainer, torchrun/NCCL failures and plain
@@ -128,7 +143,8 @@ def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str |
     import orjson
     from rich.console import Console
 
-    from ingest import IngestConfig, open_sink
+    from ingest import IngestConfig, SourceBook, local_files, open_sink
+    from jobtrace.store import IngestLedger
 
     err = Console(stderr=True)
     _load_plugins(plugin)
@@ -141,9 +157,15 @@ def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str |
             raise click.BadParameter(str(exc), param_hint="--rank-from-filename") from exc
     cfg = IngestConfig(job=job_id, tz=tz, year=year, align=not no_align, follow=follow, idle_exit_s=idle_exit,
                        rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
-                       use_hyperscan=False if no_hyperscan else None)
-    factory = open_sink(backend, job_id, data_dir=data_dir, overwrite=overwrite, url=url)
-    summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal)
+                       use_hyperscan=False if no_hyperscan else None,
+                       native={"auto": None, "compiled": True, "python": False}[engine])
+    if replace and append:
+        raise click.UsageError("--replace and --append ask for opposite things: give one of them")
+    factory = open_sink(backend, job_id, data_dir=data_dir, overwrite=replace, url=url)
+    book = SourceBook(IngestLedger(data_dir, job_id), ingest_target(backend, url),
+                      "replace" if replace else "append" if append else "check",
+                      store_files=(lambda: local_files(data_dir, job_id)) if backend == "local" else None)
+    summary = _run(cfg, factory, list(paths), err, show=not quiet and not as_json and err.is_terminal, book=book)
     if as_json:
         click.echo(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2, default=str).decode())
     else:
@@ -152,14 +174,26 @@ def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str |
     raise click.exceptions.Exit(EXIT_ERROR if summary.errors and not summary.lines else EXIT_HEALTHY)
 
 
-def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool) -> IngestSummary:
+def ingest_target(backend: str, url: str | None) -> str:
+    """The ledger's name for where the events go: ``local``, or the server kind and its URL (no credentials)."""
+    if backend == "local":
+        return "local"
+    from jobtrace.redact import url_for_display
+
+    prefix = {"loki": config.LOKI, "victorialogs": config.VL, "elasticsearch": config.ES}[backend]
+    url = url or config.get_str(prefix.url)
+    return f"{backend} {url_for_display(url)}" if url else backend
+
+
+def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, show: bool,
+         book: SourceBook | None = None) -> IngestSummary:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ingest import Ingestor, keep_freed_memory
 
     keep_freed_memory()  # this process is ours: megabyte buffers reuse their pages (see ingest.keep_freed_memory)
     if not show:
-        ing = Ingestor(cfg, factory)
+        ing = Ingestor(cfg, factory, book=book)
         return _with_sigint(ing, paths)
     with Progress(TextColumn("[bold]ingest[/]"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[lines]} lines"),
                   TextColumn("{task.fields[events]} events"), TimeElapsedColumn(), console=console, transient=True) as bar:
@@ -168,7 +202,7 @@ def _run(cfg: IngestConfig, factory: Any, paths: list[str], console: Console, sh
         def progress(done: int, total: int, lines: int, events: int) -> None:
             bar.update(task, completed=done, total=total or None, lines=f"{lines:,}", events=f"{events:,}")
 
-        ing = Ingestor(cfg, factory, progress=progress)
+        ing = Ingestor(cfg, factory, progress=progress, book=book)
         return _with_sigint(ing, paths)
 
 

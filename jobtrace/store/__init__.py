@@ -10,6 +10,7 @@ know the other:
 * :mod:`._tables`: the derived tables' SQL (``colls``, ``steps``, ``mets``, ``ranks``)
   that rollups hold and every reader builds;
 * :mod:`._files`: which files stand for which rank;
+* :mod:`._ledger`: which source files an ingest read into the job, how far, and whether it finished;
 * :mod:`._sql`: SQL literals for the statements DuckDB takes no parameters in.
 
 DuckDB is imported only when a segment is written or read, never at import.
@@ -30,6 +31,7 @@ from ._layout import (
     safe_name,
     spool_root,
 )
+from ._ledger import LEDGER_NAME, Fingerprint, IngestLedger, SourceRecord, fingerprint, ingest_caveats
 from ._segments import (
     compact,
     count_lines,
@@ -46,16 +48,22 @@ from ._tables import DERIVED, METRICS, ROLLUP_KEY, build_tables
 __all__ = [
     "DEFAULT_DATA_DIR",
     "DERIVED",
+    "Fingerprint",
+    "IngestLedger",
     "JobFiles",
+    "LEDGER_NAME",
     "METRICS",
     "RANK_IN_NAME",
     "ROLLUP_KEY",
+    "SourceRecord",
     "SEGMENT_RE",
     "build_tables",
     "cache_dir",
     "compact",
+    "fingerprint",
     "count_lines",
     "golden_dir",
+    "ingest_caveats",
     "job_dir",
     "job_files",
     "json_scan_sql",

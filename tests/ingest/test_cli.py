@@ -53,14 +53,17 @@ class TestIngestCommand:
         text = CliRunner().invoke(main, ["ingest", str(logs / "rank0.log"), "--job", "cli2", "--data-dir", str(store)])
         assert text.exit_code == 0 and "lines parsed: 8" in text.output and "trace-job cli2" in text.output
 
-    def test_overwrite_replaces_instead_of_appending(self, tmp_path):
+    def test_a_second_ingest_is_a_no_op_append_adds_and_the_old_overwrite_replaces(self, tmp_path):
         (tmp_path / "rank0.log").write_text("\n".join(rank_lines(0)) + "\n")
         args = ["ingest", str(tmp_path / "rank0.log"), "--job", "j", "--data-dir", str(tmp_path / "s"), "-q"]
         CliRunner().invoke(main, args)
-        CliRunner().invoke(main, args)
-        twice = load_local(tmp_path / "s", "j").stats.events
-        CliRunner().invoke(main, args + ["--overwrite"])
-        assert twice == 2 * load_local(tmp_path / "s", "j").stats.events
+        once = load_local(tmp_path / "s", "j").stats.events
+        assert "nothing new" in CliRunner().invoke(main, args).output
+        assert once == load_local(tmp_path / "s", "j").stats.events
+        CliRunner().invoke(main, args + ["--append"])
+        assert 2 * once == load_local(tmp_path / "s", "j").stats.events
+        CliRunner().invoke(main, args + ["--overwrite"])  # the old spelling of --replace
+        assert once == load_local(tmp_path / "s", "j").stats.events
 
     @pytest.mark.servers
     def test_to_loki_into_a_real_victorialogs_gives_the_same_verdict(self, tmp_path, victorialogs):

@@ -350,6 +350,12 @@ impl FastLane {
         Ok(None)
     }
 
+    /// Whether the lane holds lines it has not written (some wait for a time): an ingest may record how far
+    /// it has read a file as written only when neither side holds any.
+    fn holding(&self) -> bool {
+        self.streams.iter().any(|s| !s.pending.is_empty())
+    }
+
     /// At the end of the file: write the lines still waiting for a time at the stream's last time (or the
     /// neighbour's), as `_release_pending(final=True)` does; streams without an output keep theirs (Python's).
     fn release_all(&mut self) {
