@@ -12,7 +12,9 @@ Formats (checked against the products' documentation):
 Every piece of user input (job ids, labels, field names) is escaped for the language it
 lands in (LogQL string, regular expression, KQL string, Rison string) and then
 percent-encoded for the URL, so a job id with quotes, pipes or ``&`` cannot change the
-query or the URL around it.
+query or the URL around it. The base URLs must be absolute http(s) URLs: a link is opened
+by a click (in the terminal, in the HTML timeline), so a ``javascript:`` or ``data:`` "Grafana
+URL" would make every finding's link run or show whatever it holds.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import orjson
+
+from jobtrace.errors import ConfigError
 
 __all__ = [
     "LinkConfig",
@@ -55,9 +59,35 @@ class LinkConfig:
     margin_s: float = 5.0
     """Seconds added on both sides of the cited events' time range."""
 
+    def __post_init__(self) -> None:
+        """Refuse a base URL that is not http(s) when it is given, not when the first link is made."""
+        for name in ("grafana_url", "kibana_url"):
+            value = getattr(self, name)
+            if value and not _is_http_url(value):
+                raise ConfigError(f"{name.replace('_', ' ')} must be an absolute http(s) URL, got {value!r}")
+
     @property
     def enabled(self) -> bool:
         return bool((self.grafana_url and self.grafana_datasource) or (self.kibana_url and self.kibana_data_view))
+
+
+# ---- base URLs ----------------------------------------------------------------------------------
+
+def _is_http_url(url: str) -> bool:
+    """An absolute http(s) URL with a host (no scheme hidden behind spaces or control characters)."""
+    if url != url.strip() or any(ord(c) < 0x21 or c == "\x7f" for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a malformed netloc, say an unclosed IPv6 bracket
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+
+
+def _base_url(url: str) -> str:
+    if not _is_http_url(url):
+        raise ValueError(f"not an absolute http(s) URL: {url!r}")
+    return url.rstrip("/")
 
 
 # ---- escaping ------------------------------------------------------------------------------------
@@ -107,7 +137,7 @@ def grafana_explore_url(base_url: str, datasource_uid: str, expr: str, start_ns:
         "range": {"from": str(start_ns // 1_000_000), "to": str(-(-end_ns // 1_000_000))},
     }
     panes = orjson.dumps({"jt": pane}).decode()
-    return f"{base_url.rstrip('/')}/explore?schemaVersion=1&panes={quote(panes, safe='')}&orgId={int(org_id)}"
+    return f"{_base_url(base_url)}/explore?schemaVersion=1&panes={quote(panes, safe='')}&orgId={int(org_id)}"
 
 
 def _kql_str(value: str) -> str:
@@ -171,7 +201,7 @@ def kibana_discover_url(base_url: str, data_view: str, kql: str, start_ns: int, 
     g = {"time": {"from": _iso(start_ns), "to": _iso(end_ns)}}
     a = {"columns": list(columns), "index": data_view, "query": {"language": "kuery", "query": kql},
          "sort": [["@timestamp", "asc"]]}
-    return (f"{base_url.rstrip('/')}/app/discover#/?_g={quote(rison(g), safe=_RISON_SAFE)}"
+    return (f"{_base_url(base_url)}/app/discover#/?_g={quote(rison(g), safe=_RISON_SAFE)}"
             f"&_a={quote(rison(a), safe=_RISON_SAFE)}")
 
 

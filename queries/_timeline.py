@@ -4,8 +4,14 @@
   swim-lanes of steps, phases and collectives (and, for a stuck rank, what it is still
   inside), warnings and stack dumps as ticks, findings listed and marked (culprit lanes
   in red). Wheel zooms around the pointer, dragging pans, a finding zooms to its events,
-  double-click resets. All text reaches the page through ``textContent`` and the data
-  sits in a JSON ``<script>`` block with ``</`` escaped, so log lines cannot inject markup.
+  double-click resets; hovering a span, a tick or a stuck bar shows what it is, clicking a
+  finding shows its evidence and links. Everything in the page comes from the job's own text
+  (log lines, job id, node, span and logger names), so none of it is ever markup: the data sits
+  in a JSON ``<script>`` block with every ``<``, ``>`` and ``&`` written as a ``\\u`` escape (no
+  ``</script>`` or ``<!--`` can end or bend the block, and the JSON stays valid), the script puts
+  it in the DOM only through ``textContent`` and element properties, never ``innerHTML``, and a
+  finding's link becomes an ``<a>`` only when it parses as an absolute http(s) URL; anything else
+  (``javascript:``, ``data:``) is shown as text.
 * :func:`write_perfetto` writes the Chrome trace-event JSON format (``traceEvents`` with
   ``X`` complete events, ``i`` instants, ``C`` counters, ``M`` names) that the Perfetto UI
   and ``chrome://tracing`` open: one process per node, one thread per rank.
@@ -17,6 +23,7 @@ lowest) and ``max_spans`` spans, and the page says so.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,9 @@ import orjson
 from ._model import Report, rows
 
 __all__ = ["timeline_data", "write_perfetto", "write_timeline_html"]
+
+_EVIDENCE_SHOWN = 20
+"""Evidence entries (log lines, tracebacks) a finding shows in the page; the report keeps them all."""
 
 _CULPRIT_KINDS = frozenset({"stalled_rank", "collective_mismatch", "slow_rank", "slow_node", "slow_episode",
                             "late_arrival", "data_wait", "memory_leak", "nan_loss",
@@ -96,7 +106,8 @@ def timeline_data(job: Any, report: Report, *, max_lanes: int = 64, max_spans: i
         "open": open_spans,
         "metrics": metrics,
         "findings": [{"kind": f.kind, "severity": f.severity, "summary": f.summary, "ranks": f.ranks,
-                      "steps": f.steps, "t": [(x - t0) / 1000.0 for x in f.time_range], "links": f.links}
+                      "steps": f.steps, "t": [(x - t0) / 1000.0 for x in f.time_range],
+                      "evidence": f.evidence[:_EVIDENCE_SHOWN], "links": f.links}
                      for f in report.findings],
     }
 
@@ -146,15 +157,33 @@ def write_perfetto(job: Any, report: Report, path: str | os.PathLike[str], **kw:
 def write_timeline_html(job: Any, report: Report, path: str | os.PathLike[str], **kw: Any) -> Path:
     """The job as one self-contained interactive HTML page."""
     data = timeline_data(job, report, **kw)
-    blob = orjson.dumps(data).decode().replace("</", "<\\/").replace("<!--", "<\\!--")
-    html = _PAGE.replace("__TITLE__", _escape(f"jobtrace timeline: {report.job_id}")).replace("__DATA__", blob)
+    fill = {"__TITLE__": _escape(f"jobtrace timeline: {report.job_id}"), "__DATA__": _script_json(data)}
+    # One pass over the template: a job id holding "__DATA__" must not pull the data into the title.
+    html = re.sub("__TITLE__|__DATA__", lambda m: fill[m.group(0)], _PAGE)
     target = Path(path)
     target.write_text(html, encoding="utf-8")
     return target
 
 
 def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    """Text for an HTML text node or a quoted attribute value."""
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+            .replace("'", "&#39;"))
+
+
+_SCRIPT_ESCAPES = {ord("<"): "\\u003c", ord(">"): "\\u003e", ord("&"): "\\u0026",
+                   0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def _script_json(data: Any) -> str:
+    """``data`` as JSON that is inert inside ``<script type="application/json">``.
+
+    These characters only occur inside JSON strings, where ``\\u`` escapes mean the same text, so
+    ``JSON.parse`` gives back exactly the data, while the HTML parser never sees ``</script>``, ``<!--``
+    or ``<script`` (which would end the block or switch it into the double-escaped state). Escaping only
+    ``</`` is not enough, and ``<\\!--`` is not even valid JSON: one log line could break the page.
+    """
+    return orjson.dumps(data).decode().translate(_SCRIPT_ESCAPES)
 
 
 _PAGE = r"""<!doctype html>
@@ -183,9 +212,13 @@ font-size:12px;display:none;max-width:480px;white-space:pre-wrap;z-index:10}
 #legend{padding:4px 12px;color:#555}
 #legend span{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px;vertical-align:middle}
 #note{padding:0 12px;color:#8d6e00}
+#detail{padding:4px 12px;border-bottom:1px solid #ddd;max-height:240px;overflow:auto;background:#fff}
+#detail pre{margin:2px 0;white-space:pre-wrap;word-break:break-all;font:12px ui-monospace,monospace}
+#detail .links a,#detail .links span{margin-right:14px}
 </style></head><body>
 <header><h1 id="title"></h1><span id="verdict"></span><span id="meta"></span></header>
 <ul id="findings"></ul>
+<div id="detail" hidden></div>
 <div id="legend"></div><div id="note"></div>
 <div id="main"><div id="labels"><div id="axis-label" class="lane dim">time</div></div>
 <div id="view"><canvas id="axis"></canvas><canvas id="lanes"></canvas></div></div>
@@ -224,8 +257,10 @@ font-size:12px;display:none;max-width:480px;white-space:pre-wrap;z-index:10}
     labels.appendChild(div);
   });
   // Per lane, spans sorted by start; phase/collective drawn over their step.
-  const byLane = D.lanes.map(() => []);
+  const byLane = D.lanes.map(() => []), marksByLane = D.lanes.map(() => []), openByLane = D.lanes.map(() => []);
   for (const s of D.spans) { const i = laneIndex.get(s.rank); if (i !== undefined) byLane[i].push(s); }
+  for (const m of D.marks) { const i = laneIndex.get(m.rank); if (i !== undefined) marksByLane[i].push(m); }
+  for (const o of D.open) { const i = laneIndex.get(o.rank); if (i !== undefined) openByLane[i].push(o); }
   const depth = {step: 0, phase: 1, user: 1, collective: 2};
   const list = $("findings");
   D.findings.forEach((f, i) => {
@@ -237,6 +272,37 @@ font-size:12px;display:none;max-width:480px;white-space:pre-wrap;z-index:10}
     list.appendChild(li);
   });
   if (!D.findings.length) { const li = document.createElement("li"); li.textContent = "no findings"; list.appendChild(li); }
+  // A link only from an absolute http(s) URL, and then the URL as the parser read it; anything else
+  // (javascript:, data:, a relative path) is shown as text. The URL parser, not a prefix test, decides,
+  // so " JaVaScRiPt:" or a tab inside the scheme cannot slip through.
+  function httpUrl(raw) {
+    try { const u = new URL(String(raw)); return u.protocol === "http:" || u.protocol === "https:" ? u.href : null; }
+    catch (e) { return null; }
+  }
+  const detail = $("detail");
+  function showDetail(f) {
+    detail.replaceChildren();
+    const head = document.createElement("div");
+    head.textContent = f.kind + ": " + f.summary;
+    detail.appendChild(head);
+    for (const line of f.evidence || []) {
+      const pre = document.createElement("pre"); pre.textContent = String(line); detail.appendChild(pre);
+    }
+    const links = document.createElement("div"); links.className = "links";
+    for (const [name, raw] of Object.entries(f.links || {})) {
+      const url = httpUrl(raw);
+      if (url) {
+        const a = document.createElement("a");
+        a.setAttribute("href", url); a.setAttribute("target", "_blank"); a.setAttribute("rel", "noopener noreferrer");
+        a.textContent = name;
+        links.appendChild(a);
+      } else {
+        const span = document.createElement("span"); span.textContent = name + ": " + String(raw); links.appendChild(span);
+      }
+    }
+    if (links.childNodes.length) detail.appendChild(links);
+    detail.hidden = false;
+  }
   const cv = $("lanes"), ax = $("axis"), view = $("view"), tip = $("tip");
   const ctx = cv.getContext("2d"), actx = ax.getContext("2d");
   const state = {t0: 0, t1: Math.max(D.t_max_us, 1), highlight: null};
@@ -294,6 +360,7 @@ font-size:12px;display:none;max-width:480px;white-space:pre-wrap;z-index:10}
   function focusFinding(i) {
     const f = D.findings[i];
     state.highlight = f;
+    showDetail(f);
     if (f.t && f.t.length === 2) { const pad = Math.max((f.t[1] - f.t[0]) * 0.2, 1000); zoom(f.t[0] - pad, f.t[1] + pad); }
     else { draw(); }
   }
@@ -309,16 +376,35 @@ font-size:12px;display:none;max-width:480px;white-space:pre-wrap;z-index:10}
   window.addEventListener("mousemove", (e) => {
     if (drag) { const dt = (e.clientX - drag.x) / cv.width * (drag.t1 - drag.t0); zoom(drag.t0 - dt, drag.t1 - dt); return; }
   });
-  cv.addEventListener("dblclick", () => { state.highlight = null; zoom(0, Math.max(D.t_max_us, 1)); });
+  cv.addEventListener("dblclick", () => {
+    state.highlight = null; detail.hidden = true; zoom(0, Math.max(D.t_max_us, 1));
+  });
+  // What is under the pointer: a tick (log line) within 4 px first, as ticks are drawn over the spans,
+  // then the deepest span, then a stuck bar.
+  function tipText(i, t, perPx) {
+    let mark = null;
+    for (const m of marksByLane[i] || []) {
+      if (Math.abs(m.t - t) <= 4 * perPx && (!mark || Math.abs(m.t - t) < Math.abs(mark.t - t))) mark = m;
+    }
+    if (mark) {
+      return mark.level + " " + (mark.logger || "") + "  rank " + mark.rank + (mark.step !== null ? "  step " + mark.step : "") +
+        (mark.has_exc ? "  (traceback)" : "") + "\n" + (mark.msg || "");
+    }
+    let hit = null;
+    for (const s of byLane[i] || []) { if (s.s <= t && t <= s.s + s.d && (!hit || (depth[s.cat] || 1) >= (depth[hit.cat] || 1))) hit = s; }
+    if (hit) {
+      return hit.name + " (" + hit.cat + ")  rank " + hit.rank + (hit.step !== null ? "  step " + hit.step : "") +
+        "\n" + fmt(hit.d) + (hit.seq ? "  #" + hit.seq + " " + (hit.grp || "") : "") + (hit.span_id ? "\nspan " + hit.span_id : "");
+    }
+    const o = (openByLane[i] || []).find((b) => b.s <= t && t <= b.s + b.d);
+    return o ? "still inside: " + o.name + "  rank " + o.rank + "\n" + fmt(o.d) : null;
+  }
   cv.addEventListener("mousemove", (e) => {
     if (drag) return;
     const rect = cv.getBoundingClientRect(), px = e.clientX - rect.left, i = Math.floor((e.clientY - rect.top) / LANE);
-    const t = state.t0 + px / rect.width * (state.t1 - state.t0), spans = byLane[i] || [];
-    let hit = null;
-    for (const s of spans) { if (s.s <= t && t <= s.s + s.d && (!hit || (depth[s.cat] || 1) >= (depth[hit.cat] || 1))) hit = s; }
-    if (!hit) { tip.style.display = "none"; return; }
-    tip.textContent = hit.name + " (" + hit.cat + ")  rank " + hit.rank + (hit.step !== null ? "  step " + hit.step : "") +
-      "\n" + fmt(hit.d) + (hit.seq ? "  #" + hit.seq + " " + (hit.grp || "") : "") + (hit.span_id ? "\nspan " + hit.span_id : "");
+    const perPx = (state.t1 - state.t0) / rect.width, text = tipText(i, state.t0 + px * perPx, perPx);
+    if (text === null) { tip.style.display = "none"; return; }
+    tip.textContent = text;
     tip.style.left = (e.clientX + 12) + "px"; tip.style.top = (e.clientY + 12) + "px"; tip.style.display = "block";
   });
   cv.addEventListener("mouseleave", () => { tip.style.display = "none"; });

@@ -49,8 +49,11 @@ def _view_options(f: Any) -> Any:
 def _trace_options(kw: dict[str, Any]) -> Any:
     from queries import LinkConfig, TraceOptions
 
-    links = LinkConfig(grafana_url=kw["grafana_url"], grafana_datasource=kw["grafana_datasource"],
-                       kibana_url=kw["kibana_url"], kibana_data_view=kw["kibana_data_view"])
+    try:
+        links = LinkConfig(grafana_url=kw["grafana_url"], grafana_datasource=kw["grafana_datasource"],
+                           kibana_url=kw["kibana_url"], kibana_data_view=kw["kibana_data_view"])
+    except ConfigError as exc:  # a base URL that is not http(s): the option's fault, a usage error
+        raise click.BadParameter(str(exc), param_hint="'--grafana-url' / '--kibana-url'") from None
     return TraceOptions(flight_recorder=kw["flight_recorder"], compare_to=kw["compare_to"],
                         golden_dir=kw["golden_dir"], links=links, timeline=kw["timeline"], perfetto=kw["perfetto"])
 
