@@ -79,6 +79,11 @@ class IngestSummary:
     lines_by_parser: dict[str, int] = field(default_factory=dict)
     parser_errors: dict[str, int] = field(default_factory=dict)
     truncated_lines: int = 0
+    """Lines longer than ``max_line_bytes``: each kept its head, the rest was dropped (counted once)."""
+    cut_lines: list[dict[str, Any]] = field(default_factory=list)
+    """The first of them: ``{"source", "bytes"}``, their whole length as read."""
+    messages_cut: int = 0
+    """Messages shortened to ``max_msg_chars`` (lines within the line limit)."""
     estimated_ts: int = 0
     mtime_ts: int = 0  # of those, timed by their file's mtime: the job had no stamped line to go by
     streams: list[dict[str, Any]] = field(default_factory=list)

@@ -207,6 +207,7 @@ class Ingestor:
         tail = src.reader.finish()
         if tail is not None:
             self._block(src, tail[0], last=True, truncated=tail[3])
+        self._count_cut(src)
         if src.lane is not None:
             self._lanes.close(src)
         for stream in src.streams.values():
@@ -267,6 +268,17 @@ class Ingestor:
                 self._lanes.block(src, buf, begin, end)
             else:
                 self._block(src, buf if begin == 0 and end == len(buf) else buf[begin:end], last=False)
+        if src.reader.cut:
+            self._count_cut(src)
+
+    def _count_cut(self, src: Src) -> None:
+        """Count the over-long lines the reader has seen end, once each, with their length."""
+        s = self.summary
+        for n in src.reader.cut:
+            s.truncated_lines += 1
+            if len(s.cut_lines) < 20:
+                s.cut_lines.append({"source": src.source.display, "bytes": n})
+        src.reader.cut.clear()
 
     def _follow(self, srcs: list[Src], patterns: list[str]) -> None:
         idle_since = time.monotonic()

@@ -201,7 +201,8 @@ class StreamRouter:
             n_parsed += 1
             if len(body) > cap:
                 body = body[:cap]
-                summary.truncated_lines += 1
+                if not truncated:  # a line cut at the line limit is counted once, as that (by the engine)
+                    summary.messages_cut += 1
             if ts is None or stream.pending:
                 ev: dict[str, Any] = {"kind": "log", "level": level or "INFO", "msg": body}
                 if logger:
@@ -218,8 +219,6 @@ class StreamRouter:
                 out.buf.append(b'{"ts":%d,"kind":"log",%b,"level":"%b","msg":%b}\n'
                                % (ts + stream.offset, out.head, lb, dumps(body)))
             n_log += 1
-        if truncated:
-            summary.truncated_lines += 1
         summary.lines += n_lines
         summary.parsed += n_parsed
         self._ctx.n_log += n_log

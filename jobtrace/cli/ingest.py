@@ -52,7 +52,11 @@ def format_summary(s: IngestSummary, to: str = "local", data_dir: str = "jobtrac
     if s.mtime_ts:
         out.append(f"  of those, from the file's mtime (no stamped line in the job): {s.mtime_ts:,}")
     if s.truncated_lines:
-        out.append(f"  lines cut at the size limit: {s.truncated_lines:,}")
+        longest = max(s.cut_lines, key=lambda c: c["bytes"])
+        out.append(f"  lines cut at the line limit (each kept its head): {s.truncated_lines:,}; the longest "
+                   f"{longest['bytes']:,} bytes, in {longest['source']}")
+    if s.messages_cut:
+        out.append(f"  messages shortened to the message limit: {s.messages_cut:,}")
     if s.parser_errors:
         out.append("  parser errors (lines kept as plain logs): " +
                    ", ".join(f"{k} {v}" for k, v in sorted(s.parser_errors.items())))
@@ -114,6 +118,8 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--node", default=None, help="Node name for every line (when the logs do not say).")
 @click.option("--rank", type=click.IntRange(0), default=None, help="Rank for a single-rank input.")
 @click.option("--world-size", type=click.IntRange(1), default=None, help="World size (default: highest rank seen + 1).")
+@click.option("--max-line-bytes", type=click.IntRange(1024), default=1 << 20, show_default=True,
+              help="Longest line read whole; a longer one keeps its head and is counted, with its length, as cut.")
 @click.option("--no-align", is_flag=True, help="Do not estimate and correct clock offsets between nodes.")
 @click.option("--replace", "--overwrite", "replace", is_flag=True,
               help="Read every file again from its start: the job's earlier ingested events are removed first "
@@ -130,7 +136,7 @@ def _load_plugins(plugins: tuple[str, ...]) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str | None, data_dir: str, follow: bool, idle_exit: float | None,
                    tz: str, year: int | None, rank_from_filename: str | None, node: str | None, rank: int | None,
-                   world_size: int | None, no_align: bool, replace: bool, append: bool, plugin: tuple[str, ...],
+                   world_size: int | None, max_line_bytes: int, no_align: bool, replace: bool, append: bool, plugin: tuple[str, ...],
                    engine: str, no_hyperscan: bool, as_json: bool, quiet: bool) -> None:
     """Turn the log files of a job (PATH: files, directories, globs, .gz/.zst, - for stdin) into events.
 
@@ -158,7 +164,8 @@ def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str |
     cfg = IngestConfig(job=job_id, tz=tz, year=year, align=not no_align, follow=follow, idle_exit_s=idle_exit,
                        rank_from_filename=rank_from_filename, node=node, rank=rank, world_size=world_size,
                        use_hyperscan=False if no_hyperscan else None,
-                       native={"auto": None, "compiled": True, "python": False}[engine])
+                       native={"auto": None, "compiled": True, "python": False}[engine],
+                       max_line_bytes=max_line_bytes, chunk_bytes=min(1 << 20, max_line_bytes))
     if replace and append:
         raise click.UsageError("--replace and --append ask for opposite things: give one of them")
     factory = open_sink(backend, job_id, data_dir=data_dir, overwrite=replace, url=url)

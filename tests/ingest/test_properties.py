@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,14 +102,52 @@ class TestNoInputCrashes:
                 res.finish()
 
 
-def test_one_megabyte_lines_are_kept_and_longer_ones_cut(tmp_path):
-    """A 1 MB line is one line (its message capped); a line over max_line_bytes is cut and counted, memory bounded."""
+@pytest.mark.parametrize("native", [False, None])
+def test_one_megabyte_lines_are_kept_and_longer_ones_cut(tmp_path, native):
+    """A 1 MB line is one line (its message capped, counted as such); a line over max_line_bytes is cut, counted
+    once with its whole length, and memory stays bounded; in both engines."""
     big = b"x" * (1 << 20)
     data = b"INFO:root:" + big + b"\nstep 1 loss 2 time 3ms\n" + b"y" * (3 << 20) + b"\nlast\n"
-    summary, sinks = ingest_bytes(tmp_path, data, max_line_bytes=2 << 20, chunk_bytes=1 << 18)
+    summary, sinks = ingest_bytes(tmp_path, data, max_line_bytes=2 << 20, chunk_bytes=1 << 18, native=native)
     assert 4 == summary.lines == summary.parsed
-    assert summary.truncated_lines >= 2
+    assert 1 == summary.truncated_lines and [{"source": str(tmp_path / "input.log"), "bytes": 3 << 20}] == summary.cut_lines
+    assert 1 == summary.messages_cut
     assert max(len(line) for s in sinks for line in s.lines) < 200_000
+    assert [b"last"] == [orjson.loads(line)["msg"].encode() for s in sinks for line in s.lines
+                         if orjson.loads(line).get("msg") == "last"]
+
+
+@pytest.mark.parametrize("engine", ["python", "auto"])
+def test_a_50_megabyte_line_is_read_in_bounded_memory(tmp_path, engine):
+    """The command on a log with one 50 MB line (a printed tensor): its head kept, the line counted once with its
+    length, the lines around it read, and the process never holds the line (peak RSS far below 50 MB more than
+    an ordinary ingest's)."""
+    import subprocess
+    import sys
+
+    def peak(data: bytes, name: str) -> tuple[int, dict]:
+        path = tmp_path / f"{name}.log"
+        path.write_bytes(data)
+        # VmHWM, not getrusage: that one keeps the high-water mark of the forked test process across exec
+        code = ("import runpy, sys; sys.argv = ['jobtrace'] + sys.argv[1:]\n"
+                "try:\n    runpy.run_module('jobtrace.cli', run_name='__main__')\n"
+                "finally:\n    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
+                "    print('maxrss', hwm, file=sys.stderr)")
+        res = subprocess.run([sys.executable, "-c", code, "ingest", str(path), "--job", name, "--data-dir",
+                              str(tmp_path / "s"), "--json", "--engine", engine], capture_output=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        rss = int(res.stderr.decode().rsplit("maxrss", 1)[1].split()[0])
+        return rss, orjson.loads(res.stdout)
+
+    head = b"2026-01-01 00:00:00,000 INFO train: step 1 loss 2.0 time 3 ms\n"
+    tail = b"\n2026-01-01 00:00:01,000 INFO train: step 2 loss 1.9 time 3 ms\n"
+    small_rss, _ = peak(head + b"7" * 1000 + tail, "small")
+    tensor = b"tensor([" + b"0.1234, " * (50 * (1 << 20) // 8) + b"])"
+    big_rss, summary = peak(head + tensor + tail, "big")
+    assert summary["lines"] == 3 and summary["truncated_lines"] == 1
+    assert summary["cut_lines"][0]["bytes"] == len(tensor)
+    assert summary["events"]["metric"] == 2  # both step lines, around it
+    assert big_rss - small_rss < 30 * 1024, (small_rss, big_rss)  # KiB: well under the line's 50 MB
 
 
 def test_a_parser_that_raises_is_counted_and_the_line_kept(tmp_path):
