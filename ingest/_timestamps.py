@@ -360,7 +360,7 @@ class HeadParser:
     def _year_hint(self) -> int:
         day = self.last_day if self.last_day is not None else self._default_day
         if day is None:
-            return _dt.datetime.now(_dt.timezone.utc).year
+            return _dt.datetime.now(_dt.UTC).year
         return (_dt.date(1970, 1, 1) + _dt.timedelta(days=day)).year
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -57,7 +57,7 @@ def rfc3339_ns(ns: int) -> str:
 def _parse_time_ns(text: str) -> int:
     """RFC 3339 (as VictoriaLogs writes ``_time``, up to ns) → Unix ns."""
     main, _, frac = text.rstrip("Z").partition(".")
-    dt = datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    dt = datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
     return int(dt.timestamp()) * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
 
 

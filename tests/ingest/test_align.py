@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ingest import estimate_offsets
 from tests.ingest.paths import NOT_BUILT
 
-T0 = datetime(2026, 1, 5, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 5, 12, 0, 0, tzinfo=UTC)
 OFFSETS_MS = {"node-a": 0.0, "node-b": 250.0, "node-c": -1300.0, "node-d": 37.4}
 
 

@@ -184,7 +184,6 @@ class TestGrafana:
 def test_packaged_files_are_in_the_package_data():
     """Data files ship in the wheel: pyproject's package-data covers every asset (the proto's LICENSE too)."""
     import fnmatch
-
     import tomllib
 
     conf = tomllib.loads((Path(loki.ASSETS).parent / "pyproject.toml").read_text())
