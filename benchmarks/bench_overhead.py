@@ -1,6 +1,7 @@
 """What jobtrace costs a training process, beside the baselines, in one run.
 
     python benchmarks/bench_overhead.py [--records 200000] [--repeat 5]
+    python benchmarks/bench_overhead.py --redaction     # what redaction costs, on against off
 
 Each case runs in a fresh subprocess (logging and OpenTelemetry are process-global)
 and reports the median over ``--repeat`` runs:
@@ -114,6 +115,49 @@ t.shutdown()
 assert N <= t.worker.stats.exported - exported0 < N + 50, (t.worker.stats, "each record must be exported once")
 print(json.dumps({"call_us": wall / N * 1e6, "thread_us": THREAD["us"], "cpu_us": cpu / N * 1e6, "spilled": t.worker.stats.spilled}))
 """,
+    "redact_lines": """
+# The lines a traced run really writes (the log case's records, step spans, metrics), then Redactor.redact over
+# them in the export thread's batch size: what redaction adds per line on the export thread, each prefilter.
+import glob, statistics
+import otel_instrumentation as oi
+from jobtrace.redact import Redactor
+d = tempfile.mkdtemp()
+t = oi.init_tracing("bench", data_dir=d, torch=False, console=False, redact=False)
+log.propagate = True
+for i in range(N // 4):
+    with oi.step(i):
+        log.info("step %d loss %.4f", i, 0.5)
+    oi.log_metrics(i, loss=0.5, lr=3e-4, grad_norm=0.9)
+t.force_flush(60); t.shutdown()
+lines = b"".join(open(f, "rb").read() for f in glob.glob(os.path.join(d, "**", "*.jsonl"), recursive=True)).splitlines(True)
+secret = ("hf" + "_" + "Ab" * 17).encode()
+with_secrets = [l if i % 1000 else l.replace(b'"msg":"', b'"msg":"token ' + secret + b' ', 1) for i, l in enumerate(lines)]
+B = 512
+def per_line(r, src):
+    batches = [b"".join(src[i:i + B]) for i in range(0, len(src), B)]
+    r.redact(batches[0])  # built on first use (Hyperscan compiles)
+    best = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for b in batches:
+            r.redact(b)
+        best.append((time.perf_counter() - t0) / len(src) * 1e6)
+    return min(best)
+out = {"lines": len(lines), "bytes_per_line": sum(map(len, lines)) / len(lines)}
+for name, hs in (("hyperscan", True), ("re", False)):
+    r = Redactor(hyperscan=hs)
+    if hs and r.engine != "hyperscan":
+        continue
+    out[name + "_us"] = per_line(r, lines)
+    out[name + "_secrets_us"] = per_line(r, with_secrets)
+import orjson
+objs = [orjson.loads(l) for l in lines[:20000]]
+t0 = time.perf_counter()
+for o in objs:
+    orjson.dumps(o)
+out["encode_us"] = (time.perf_counter() - t0) / len(objs) * 1e6  # the baseline: encoding the same lines once
+print(json.dumps(out))
+""",
     "spans": """
 import otel_instrumentation as oi
 t = oi.init_tracing("bench", data_dir=tempfile.mkdtemp(), torch=False, console=False)
@@ -223,43 +267,49 @@ print(json.dumps({"step_cpu_us": plain, "traced_cpu_us": statistics.median(tr[0]
 """,}
 
 
-def _env(recorder: str | None) -> dict[str, str]:
-    """This process's environment, with ``JOBTRACE_NATIVE`` set for ``recorder`` ("native", "python" or None: the default)."""
+def _env(recorder: str | None, redact: str | None = None) -> dict[str, str]:
+    """This process's environment, with ``JOBTRACE_NATIVE`` set for ``recorder`` ("native", "python" or None: the default)
+    and ``JOBTRACE_REDACT`` for ``redact`` ("0", "1" or None: the default, on)."""
     import os
 
     env = dict(os.environ)
+    if redact is not None:
+        env["JOBTRACE_REDACT"] = redact
     if recorder is not None:
         env["JOBTRACE_NATIVE"] = "1" if recorder == "native" else "0"
     return env
 
 
-def run_case(name: str, n: int, recorder: str | None = None, **fmt: object) -> dict[str, float]:
+def run_case(name: str, n: int, recorder: str | None = None, redact: str | None = None,
+             **fmt: object) -> dict[str, float]:
     body = CASES[name]
     for key, value in fmt.items():
         body = body.replace("{" + key + "}", repr(value))
     code = textwrap.dedent(PRELUDE.format(root=str(ROOT), n=n)) + textwrap.dedent(body)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=_env(recorder))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                         env=_env(recorder, redact))
     if out.returncode != 0:
         raise SystemExit(f"case {name} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def median_of(name: str, n: int, repeat: int, recorder: str | None = None, **fmt: object) -> dict[str, float]:
-    runs = [run_case(name, n, recorder, **fmt) for _ in range(repeat)]
+def median_of(name: str, n: int, repeat: int, recorder: str | None = None, redact: str | None = None,
+              **fmt: object) -> dict[str, float]:
+    runs = [run_case(name, n, recorder, redact, **fmt) for _ in range(repeat)]
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 PARTS = ("spans", "metrics", "log", "console", "collective")
 
 
-def _torchrun(script: str, ranks: int, *args: str, out_arg: bool = False,
-              recorder: str | None = None) -> tuple[str, subprocess.CompletedProcess[str]]:
+def _torchrun(script: str, ranks: int, *args: str, out_arg: bool = False, recorder: str | None = None,
+              redact: str | None = None) -> tuple[str, subprocess.CompletedProcess[str]]:
     """Run ``benchmarks/<script>.py`` as a ``ranks``-rank job on its own store; returns its folder and the run."""
     import os
     import tempfile
 
     out = tempfile.mkdtemp(prefix=f"bench-{script}-")
-    env = dict(_env(recorder), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
+    env = dict(_env(recorder, redact), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), JOBTRACE_DATA_DIR=os.path.join(out, "data"),
                JOBTRACE_JOB_ID=f"bench-{script.replace('_', '-')}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            str(ROOT / "benchmarks" / f"{script}.py"), *(["--out", out] if out_arg else []), *args]
@@ -267,7 +317,7 @@ def _torchrun(script: str, ranks: int, *args: str, out_arg: bool = False,
 
 
 def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str, ...] = PARTS,
-                recorder: str | None = None) -> dict[str, float]:
+                recorder: str | None = None, redact: str | None = None) -> dict[str, float]:
     """The demo job's step with and without tracing in alternating blocks of one job (``demo_blocks.py``).
 
     Medians over ranks of: the plain step (process CPU of all threads, training thread CPU,
@@ -276,7 +326,8 @@ def demo_blocks(ranks: int, blocks: int, block_steps: int = 10, parts: tuple[str
     idle wake-ups included).
     """
     out, run = _torchrun("demo_blocks", ranks, "--blocks", str(blocks), "--block-steps", str(block_steps),
-                         "--parts", ",".join(parts) or "none", out_arg=True, recorder=recorder)
+                         "--parts", ",".join(parts) or "none", out_arg=True, recorder=recorder,
+                         redact=redact)
     found = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(ranks)
              if Path(out, f"rank{r}.json").exists()]
     if run.returncode != 0 or len(found) != ranks:
@@ -323,9 +374,14 @@ def main() -> None:
     p.add_argument("--recorders", default=None,
                    help="which recorders, comma-separated: native,python (default: both where jobtrace_native is installed)")
     p.add_argument("--no-parts", action="store_true", help="skip the one-rank runs of each part of the tracing")
+    p.add_argument("--redaction", action="store_true",
+                   help="only what redaction costs: per line, per log record and on the demo job, on against off")
     args = p.parse_args()
     n, rep = args.records, args.repeat
     recorders = args.recorders.split(",") if args.recorders else (["native", "python"] if _native_installed() else ["python"])
+    if args.redaction:
+        redaction(n, rep, args.blocks, recorders)
+        return
 
     base = {name: median_of(name, n, rep) for name in ("null", "file", "otel_bridge")}
     figures: dict[str, dict[str, Any]] = {}
@@ -407,6 +463,28 @@ def main() -> None:
         ]
         for goal, ok in goals:
             print(f"  [{'met' if ok else 'NOT met'}] {goal}")
+
+
+def redaction(n: int, rep: int, blocks: int, recorders: list[str]) -> None:
+    """What redaction (``JOBTRACE_REDACT``, on by default) costs, against the same runs with it off."""
+    lines = run_case("redact_lines", n)
+    print(f"redaction of the lines a traced run writes ({lines['lines']} lines, {lines['bytes_per_line']:.0f} bytes "
+          f"each on average; batches of 512, best of 5), export thread, per line:")
+    for name in ("hyperscan", "re"):
+        if f"{name}_us" in lines:
+            print(f"  {name + ' prefilter':<20}{lines[name + '_us']:7.3f} µs   with a secret in 1 line of 1000: "
+                  f"{lines[name + '_secrets_us']:.3f} µs")
+    print(f"  {'baseline: orjson':<20}{lines['encode_us']:7.3f} µs   (encoding the same line once)")
+    for r in recorders:
+        on, off = median_of("jobtrace", n, rep, r, "1"), median_of("jobtrace", n, rep, r, "0")
+        print(f"\nlogger.info() traced, {r} recorder (median of {rep} runs of {n} records; all threads' CPU per record):")
+        print(f"  redaction off {off['cpu_us']:6.2f} µs, on {on['cpu_us']:6.2f} µs: {on['cpu_us'] - off['cpu_us']:+.2f} µs; "
+              f"calling thread {off['thread_us']:.2f} -> {on['thread_us']:.2f} µs")
+        job_on, job_off = demo_blocks(4, blocks, recorder=r, redact="1"), demo_blocks(4, blocks, recorder=r, redact="0")
+        for label, job in (("off", job_off), ("on", job_on)):
+            cpu = (job["thread_extra_us"] + job["export_us"]) / job["process_cpu_us"] * 100
+            print(f"  demo job ({blocks} block pairs), redaction {label:<3}: export thread {job['export_us']:6.1f} µs per "
+                  f"traced step, tracing {cpu:+.2f} % of the step's CPU")
 
 
 if __name__ == "__main__":

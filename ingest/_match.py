@@ -105,7 +105,7 @@ def make_matcher(triggers: Sequence[Sequence[str]], use_hyperscan: bool | None =
             if use_hyperscan:
                 from jobtrace.errors import ConfigError
 
-                raise ConfigError("hyperscan is not installed: pip install 'jobtrace[ingest]'") from None
+                raise ConfigError("hyperscan is not installed (it installs with jobtrace on x86-64 only): pip install hyperscan") from None
         except Exception:
             if use_hyperscan:
                 raise

@@ -17,6 +17,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from jobtrace.events import SCHEMA_VERSION
+from jobtrace.redact import RedactState, redactor_from_env
 from shippers import Sink
 
 from ._types import StreamState
@@ -97,6 +98,8 @@ class Output:
         self.events: dict[str, int] = {}
         self.moments: Any = None
         self.latest_ts: int | None = None  # the latest stamp of a file read to its end (see neighbour_ts)
+        self._redactor = redactor_from_env()  # secrets out of every line, both engines', before any sink
+        self._redact_states: dict[int, RedactState] = {}  # per output: a key block a batch left open
 
     def out(self, node: str, rank: int, local: int, rank_est: bool = False) -> Out:
         key = (node, rank, rank_est)  # a guessed 0 and the rank 0 a prefix names are two writers
@@ -237,6 +240,8 @@ class Output:
         for out in self.by_key.values():
             if out.buf:
                 buf, out.buf = out.buf, []
+                if self._redactor is not None:
+                    buf = self._redactor.redact_lines(buf, self._redact_states.setdefault(id(out), RedactState()))
                 out.sink.write(buf)
 
     def flush_sinks(self) -> None:

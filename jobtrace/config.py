@@ -30,6 +30,9 @@ __all__ = [
     "ES",
     "KIBANA",
     "LOKI",
+    "REDACT",
+    "REDACT_PATTERNS",
+    "RedactSettings",
     "ServerVars",
     "TracingSettings",
     "VARIABLES",
@@ -43,6 +46,7 @@ __all__ = [
     "get_secret",
     "get_str",
     "markdown",
+    "read_patterns",
     "server_vars",
 ]
 
@@ -104,6 +108,19 @@ LOCAL: Final = _var("JOBTRACE_LOCAL", "bool", "1",
 COMPACT: Final = _var("JOBTRACE_COMPACT", "bool", "1",
                       "Each rank writes a Parquet segment and rollup of its lines when it exits (`0`: JSON lines "
                       "only).", _G)
+
+# ---- redaction ------------------------------------------------------------------------------------
+_G = "Redaction"
+REDACT: Final = _var("JOBTRACE_REDACT", "bool", "1",
+                     "Replace secrets in every event (Hugging Face, GitHub, Slack and AWS keys, bearer tokens, "
+                     "passwords in URLs, W&B keys, private-key blocks, `password=`/`token=`/`secret=`/`api_key=` "
+                     "values) with `[REDACTED:<kind>]` before any sink, the embedded store included; `0` keeps "
+                     "them. Applies to traced processes, `jobtrace ingest` and `jobtrace export`. See "
+                     "`docs/redaction.md`.", _G)
+REDACT_PATTERNS: Final = _var("JOBTRACE_REDACT_PATTERNS", "path", None,
+                              "A file of your own secret patterns besides the built-in ones: one `kind<TAB>regex` "
+                              "a line (Python syntax, matched against each event line as JSON text); `#` starts a "
+                              "comment line.", _G)
 
 # ---- reading a job --------------------------------------------------------------------------------
 _G = "trace-job"
@@ -377,6 +394,43 @@ class TracingSettings:
             service_name=get_str(OTEL_SERVICE_NAME, env),
             servers=servers,
         )
+
+
+@dataclass(frozen=True)
+class RedactSettings:
+    """Whether events are redacted, and the user's patterns as ``(kind, regex, where)`` (read once)."""
+
+    enabled: bool = True
+    patterns: tuple[tuple[str, str, str], ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RedactSettings:
+        path = get_str(REDACT_PATTERNS, env)
+        return cls(enabled=get_bool(REDACT, env, True), patterns=read_patterns(path) if path else ())
+
+
+def read_patterns(path: str) -> tuple[tuple[str, str, str], ...]:
+    """``kind<TAB>regex`` lines of ``path`` as ``(kind, regex, "path, line n")``; blank and ``#`` lines skipped.
+
+    Errors name the file and the line, never its text: a pattern may spell out the secret it hides.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {REDACT_PATTERNS} file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{REDACT_PATTERNS} file {path} is not UTF-8 text") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        kind, tab, regex = line.partition("\t")
+        regex = regex.lstrip("\t")
+        if not tab or not kind.strip() or not regex:
+            raise ConfigError(f"{REDACT_PATTERNS} file {path}, line {n}: expected kind<TAB>regex")
+        out.append((kind.strip(), regex, f"{path}, line {n}"))
+    return tuple(out)
 
 
 def _float(value: float | None, default: float) -> float:

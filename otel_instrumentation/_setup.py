@@ -32,6 +32,7 @@ from jobtrace.config import TracingSettings
 from jobtrace.errors import ConfigError, StoreError
 from jobtrace.events import SpanCategory
 from jobtrace.identity import Identity, job_root_span_id, resolve_identity
+from jobtrace.redact import Redactor, redactor_from_env
 from jobtrace.store import spool_root
 from shippers import (
     BatchWorker,
@@ -93,13 +94,14 @@ class Tracing:
         otel_context: str = "all",
         sink_factory: Callable[[Identity], list[Sink]] | None = None,
         native: bool | None = None,
+        redact: Redactor | bool | None = None,
     ) -> None:
         self.identity = identity
         self.recorder = make_recorder(identity, native)
         self.new_span = self.recorder.new_span  # what the module's step()/phase()/span() call
         self._sink_factory = sink_factory
         self.worker: BatchWorker[tuple[Any, ...]] = BatchWorker(
-            self.recorder.encode_batch, sinks, flush_interval_s=flush_interval_s
+            self.recorder.encode_batch, sinks, flush_interval_s=flush_interval_s, redact=redact
         )
         self.recorder.bind(self.worker)
         self._flush_interval_s = flush_interval_s
@@ -268,7 +270,8 @@ class Tracing:
         self.identity = ident
         self.recorder.set_identity(ident)
         sinks = self._sink_factory(ident) if self._sink_factory else []
-        self.worker = BatchWorker(self.recorder.encode_batch, sinks, flush_interval_s=self._flush_interval_s)
+        self.worker = BatchWorker(self.recorder.encode_batch, sinks, flush_interval_s=self._flush_interval_s,
+                                  redact=self.worker.redactor or False)
         self.recorder.bind(self.worker)
         self._stop_beat.set()  # heartbeats describe the rank; the parent keeps sending them
         atexit.register(self.shutdown)
@@ -406,6 +409,7 @@ def init_tracing(
     otel_context: str = "all",
     flush_interval_s: float | None = None,
     strict: bool = False,
+    redact: bool | Redactor | Sequence[tuple[str, str]] | None = None,
 ) -> Tracing:
     """Trace this process as one rank of a job. Safe to call more than once (returns the live handle).
 
@@ -431,6 +435,10 @@ def init_tracing(
             or 1). Longer spares each rank a wake-up a second (measurable on millisecond steps with more ranks
             than cores) but widens what a SIGKILL loses: everything after the last batch.
         strict: raise :class:`ConfigError` when the store cannot be written instead of falling back.
+        redact: secrets in events become ``[REDACTED:<kind>]`` on the export thread, before any sink
+            (default ``$JOBTRACE_REDACT``, on; see docs/redaction.md). ``False``: off; ``True``: on whatever
+            the variable says; ``[(kind, regex), …]``: on, with these patterns besides the built-in ones and
+            ``$JOBTRACE_REDACT_PATTERNS``; a :class:`jobtrace.redact.Redactor`: that one.
     """
     global _active, _disabled
     with _lock:
@@ -446,6 +454,7 @@ def init_tracing(
             if _disabled is None:
                 _disabled = DisabledTracing(identity)
             return _disabled  # type: ignore[return-value]  # the same interface, doing nothing
+        redactor = _redactor(redact)
         beat = _given(heartbeat_s, settings.heartbeat_s, "heartbeat_s", positive=True)
         flush = _given(flush_interval_s, settings.flush_interval_s, "flush_interval_s", positive=True)
         dump = _given(stall_dump_s, settings.stall_dump_s, "stall_dump_s")
@@ -466,9 +475,21 @@ def init_tracing(
             otel_context=otel_context,
             sink_factory=factory if sinks is None else None,
             native=settings.native,
+            redact=redactor,
         )
         _publish(_active.recorder)
         return _active
+
+
+def _redactor(redact: bool | Redactor | Sequence[tuple[str, str]] | None) -> Redactor | bool:
+    """What ``init_tracing(redact=…)`` asks for, as the export thread's redactor (``False``: none)."""
+    if isinstance(redact, Redactor) or redact is False:
+        return redact
+    if redact is None or redact is True:
+        found = redactor_from_env(force=redact is True)
+    else:
+        found = redactor_from_env(extra=redact, force=True)
+    return found if found is not None else False
 
 
 def _given(value: float | None, default: float, name: str, *, positive: bool = False) -> float:

@@ -14,6 +14,10 @@ Constraints that shape it:
   kind of error; it never takes the worker down.
 * ``force_flush`` and ``shutdown`` share the export lock with the worker, so a
   flush returns only after everything emitted before it reached the sinks.
+* Secrets are redacted here, once for every sink, before any of them (the embedded
+  store too): each batch of lines, and the compiled recorder's buffers as they are,
+  goes through a :class:`~jobtrace.redact.Redactor` on the export thread. The spill
+  file gets redacted lines too, so no secret reaches the disk.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from jobtrace.redact import Redactor, RedactState, redactor_from_env
 
 __all__ = ["BatchWorker", "Sink", "WorkerStats"]
 
@@ -60,6 +66,8 @@ class WorkerStats:
     exported: int = 0
     spilled: int = 0
     encode_errors: int = 0
+    redact_errors: int = 0
+    """Lines dropped because redacting them failed (never sent unredacted)."""
     sink_errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -76,7 +84,11 @@ class BatchWorker(Generic[T]):
         flush_interval_s: float = 1.0,
         spill_path: str | None = None,
         name: str = "jobtrace-export",
+        redact: Redactor | bool | None = None,
     ) -> None:
+        """``redact``: the :class:`Redactor` to apply, ``False`` for none, ``None`` (or ``True``) for the one
+        the environment asks for (``JOBTRACE_REDACT``, ``JOBTRACE_REDACT_PATTERNS``; ``True``: even when
+        ``JOBTRACE_REDACT=0``)."""
         self._encode_batch = encode_batch
         self._sinks = list(sinks)
         self._max_queue = max_queue
@@ -91,6 +103,9 @@ class BatchWorker(Generic[T]):
         self._shutdown = False
         self._reported: set[str] = set()
         self._sources: list[Callable[[], tuple[bytes, int, int]]] = []
+        self.redactor: Redactor | None = (redact if isinstance(redact, Redactor) else None if redact is False
+                                          else redactor_from_env(force=redact is True))
+        self._redact_state = RedactState()  # the export thread's stream: a key block left open by a batch
         self.stats = WorkerStats()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -137,7 +152,9 @@ class BatchWorker(Generic[T]):
     def spill_lines(self, data: bytes, n: int, errors: int = 0) -> None:
         """Encoded lines a full source could not keep: to the spill file, exported after the queue."""
         self.stats.encode_errors += errors
-        self._spill_write(data, n)
+        data = self._redacted(data, n, None)
+        if data:
+            self._spill_write(data, n)
 
     def _spill(self, item: T) -> None:
         try:
@@ -145,7 +162,20 @@ class BatchWorker(Generic[T]):
         except Exception:  # noqa: BLE001 - counted, never raised into training code
             self.stats.encode_errors += 1
             return
-        self._spill_write(b"".join(lines), 1)
+        data = self._redacted(b"".join(lines), 1, None)
+        if data:
+            self._spill_write(data, 1)
+
+    def _redacted(self, data: bytes, n: int, state: RedactState | None) -> bytes:
+        """``data`` redacted; empty (its ``n`` lines counted as dropped) when redacting failed."""
+        if self.redactor is None:
+            return data
+        try:
+            return self.redactor.redact(data, state)
+        except Exception as exc:  # noqa: BLE001 - never unredacted, never raised into training code
+            self.stats.redact_errors += n
+            self._report_once("redact", RuntimeError(type(exc).__name__))  # the type only: a message may quote a line
+            return b""
 
     def _spill_write(self, data: bytes, n: int) -> None:
         with self._spill_lock:
@@ -195,12 +225,22 @@ class BatchWorker(Generic[T]):
         self._write(lines)
 
     def _write(self, lines: list[bytes]) -> None:
+        if self.redactor is not None and lines:
+            try:
+                lines = self.redactor.redact_lines(lines, self._redact_state)
+            except Exception as exc:  # noqa: BLE001 - dropped, counted: never sent unredacted
+                self.stats.redact_errors += len(lines)
+                self._report_once("redact", RuntimeError(type(exc).__name__))
+                return
         for sink in self._sinks:
             self._guard(sink, "write", functools.partial(sink.write, lines))
         self.stats.exported += len(lines)
 
     def _write_chunk(self, data: bytes, n: int) -> None:
         """``n`` whole lines in one bytes object: as they are to sinks that take chunks, split for the rest."""
+        data = self._redacted(data, n, self._redact_state)
+        if not data:
+            return
         split: list[bytes] | None = None
         for sink in self._sinks:
             if sink.takes_chunks:

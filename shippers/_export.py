@@ -11,6 +11,9 @@ the server ends up with exactly what live shipping would have given it.
   the events ``trace-job`` counts locally (the skipped lines stay in the store).
 * A rank whose JSON lines were pruned (short raw retention) but whose columnar segment
   remains is rebuilt from the segment: every canonical key has its own typed column.
+* Lines are redacted on the way (:class:`jobtrace.redact.Redactor`, as live shipping does), so a job
+  stored with ``JOBTRACE_REDACT=0``, or before redaction existed, reaches no server with its secrets
+  (unless this process has ``JOBTRACE_REDACT=0`` too).
 * Reading waits while more than ``max_spool_bytes`` are spooled and unsent, so a large
   job never doubles its size on disk and a dead server stops the export early. What is
   not accepted by the deadline is reported; sending again is safe, since Elasticsearch
@@ -29,6 +32,7 @@ from typing import Any
 import orjson
 
 from jobtrace.errors import JobNotFound
+from jobtrace.redact import RedactState, redactor_from_env
 from jobtrace.store import job_dir, orphan_segments, segment_lines, spool_root
 
 from ._process import ProcessInfo
@@ -127,6 +131,7 @@ def export_job(data_dir: str | os.PathLike[str], job_id: str, backend: str, *, u
     sources = _sources(directory) if directory.is_dir() else []
     if not sources:
         raise JobNotFound(f"no job {job_id!r} in the embedded store at {data_dir}")
+    redactor = redactor_from_env()
     t0 = time.monotonic()
     deadline = t0 + timeout_s
     info = ProcessInfo(job_id, "export", 0, os.getpid(), spool_root(data_dir, job_id) / f"export-{os.getpid()}")
@@ -135,9 +140,10 @@ def export_job(data_dir: str | os.PathLike[str], job_id: str, backend: str, *, u
     try:
         for i, (path, is_segment) in enumerate(sources):
             batches = segment_lines(path) if is_segment else _file_lines(path, summary)
+            state = RedactState()
             done = _room(shipper, max_spool_bytes, deadline)
             while done and (lines := next(batches, None)) is not None:
-                shipper.write(lines)
+                shipper.write(redactor.redact_lines(lines, state) if redactor is not None else lines)
                 summary.lines += len(lines)
                 done = _room(shipper, max_spool_bytes, deadline)
             batches.close()
