@@ -273,7 +273,8 @@ def _diverged(v: list[float], tail: int, factor: float) -> tuple[int, float, str
     "stays": from some value on, every value is at least ``factor`` × the lowest before it and above
     the highest before it (so the noise of a small, jumpy loss does not count), for ``tail`` values or
     more. "rising": each of the last ``tail`` + 1 values higher than the one before, the last
-    ``factor`` × the first of them and above every earlier value.
+    ``factor`` × the first of them and ``factor`` × every earlier value (four rises in a row are one
+    chance in 24 on pure noise: a short, jumpy series must also leave its earlier range well behind).
     """
     n = len(v)
     suffix_min = list(itertools.accumulate(reversed(v), min))[::-1]  # suffix_min[i] = min(v[i:])
@@ -284,7 +285,7 @@ def _diverged(v: list[float], tail: int, factor: float) -> tuple[int, float, str
         lo, hi = min(lo, v[i]), max(hi, v[i])
     rise = v[-tail - 1:]
     if (len(rise) == tail + 1 and rise[0] > 0 and all(b > a for a, b in zip(rise, rise[1:]))
-            and rise[-1] >= factor * rise[0] and rise[-1] > max(v[:-1])):
+            and rise[-1] >= factor * rise[0] and rise[-1] >= factor * max(v[:-tail - 1], default=rise[0])):
         return len(v) - tail, rise[0], "rising"
     return None
 

@@ -23,6 +23,9 @@ def test_a_loss_that_rose_and_stayed_up_diverged(losses, rule):
 @pytest.mark.parametrize("losses", [
     # a small, jumpy loss on random data (a healthy 4-rank CPU job's shape): 3x swings are noise
     [0.41, 0.13, 0.52, 0.2, 0.35, 0.15, 0.44, 0.3, 0.4, 0.45],
+    # rank 1 of `jobtrace demo --hang-rank 1` (2026-12-06), stopped at step 8: four rises in a row by chance,
+    # back only a little above where it began
+    [0.3756, 0.347, 0.278, 0.3783, 0.184, 0.2092, 0.2497, 0.4405],
     # a spike that recovered
     [2.77, 2.77, 8.7, 3.1, 2.8, 2.75, 2.74],
     # a loss falling as it should
