@@ -10,7 +10,10 @@ order within each pair of blocks alternates too, so slow drifts of the machine h
 both sides alike; the figure is the median over block pairs of the difference.
 
 Traced: ``oi.step``/``oi.phase``/``oi.log_metrics``, the log record captured, the
-console line with its trace context, the all-reduce recorded. Plain: the same training
+console line with its trace context, the all-reduce recorded (through the process group's
+hooks where torch has them: plain blocks take the hooks off; else the wrapped function).
+``--wrap ddp`` trains the model under DistributedDataParallel, whose reducer all-reduces the
+gradients in buckets during ``backward()``. Plain: the same training
 code without any of that, in the same processes. The step is the demo's
 (``jobtrace.demo.train``) without fault injection.
 
@@ -80,6 +83,7 @@ def main() -> None:
     p.add_argument("--parts", default="spans,metrics,log,console,collective",
                    help="what traced blocks turn on (to see what each part costs)")
     p.add_argument("--flush-interval", type=float, default=1.0, help="the export thread's period (init_tracing's)")
+    p.add_argument("--wrap", choices=("none", "ddp"), default="none", help="average gradients by hand or with DDP")
     args = p.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -94,9 +98,13 @@ def main() -> None:
     torch.manual_seed(1234 + rank)
     torch.set_num_threads(1)
     model = make_model(args.hidden)
-    for prm in model.parameters():
-        dist.broadcast(prm.data, src=0)
+    if args.wrap == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    else:
+        for prm in model.parameters():
+            dist.broadcast(prm.data, src=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hooks = tracing.collectives if tracing.collectives is not None and tracing.collectives.mode == "hooks" else None
 
     parts = set(args.parts.split(","))
 
@@ -106,6 +114,8 @@ def main() -> None:
         step, phase = (oi.step, oi.phase) if "spans" in on else (null_span, null_span)
         metrics = oi.log_metrics if "metrics" in on else (lambda *a, **k: None)
         all_reduce = traced_all_reduce if "collective" in on else plain_all_reduce
+        if hooks is not None:
+            hooks.set_enabled("collective" in on)
         dist.barrier()  # every rank starts the block together
         walls = []
         faults0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -122,7 +132,10 @@ def main() -> None:
                     opt.zero_grad()
                     loss.backward()  # type: ignore[no-untyped-call]
                 with phase("optimizer"):
-                    grad_norm = average_gradients(model, world, all_reduce)
+                    if args.wrap == "ddp":  # averaged in backward() by the reducer
+                        grad_norm = float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
+                    else:
+                        grad_norm = average_gradients(model, world, all_reduce)
                     opt.step()
             elapsed = time.perf_counter() - t0
             metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)

@@ -103,6 +103,14 @@ FLUSH_INTERVAL_S: Final = _var("JOBTRACE_FLUSH_INTERVAL_S", "float", "1",
                                "a second, but a SIGKILL loses what came after the last batch.", _G)
 NATIVE: Final = _var("JOBTRACE_NATIVE", "bool", "1",
                      "Use the compiled recorder where it is built (`0`: the Python recorder).", _G)
+COLLECTIVES: Final = _var("JOBTRACE_COLLECTIVES", "choice", "auto",
+                          "How torch collectives are recorded: `hooks` (c10d's process-group hooks, torch 2.15 on: "
+                          "every collective of every group, DDP's and FSDP's too, timed to completion), `wrap` (the "
+                          "Python `torch.distributed` functions only), `auto` (hooks where torch has them).", _G)
+AUTO_STEPS: Final = _var("JOBTRACE_AUTO_STEPS", "bool", "1",
+                         "Steps and phases from the training loop's own calls where the script marks none: optimizer "
+                         "steps end steps, DataLoader batches are data, the top-level module's call is forward, "
+                         "`backward()` is backward. The first `oi.step` of the script's own turns them off.", _G)
 LOCAL: Final = _var("JOBTRACE_LOCAL", "bool", "1",
                     "Write the embedded store; `0` with a server configured ships to the server only.", _G)
 COMPACT: Final = _var("JOBTRACE_COMPACT", "bool", "1",
@@ -367,6 +375,8 @@ class TracingSettings:
     memory_interval_s: float = 0.1
     flush_interval_s: float = 1.0
     native: bool = True
+    collectives: str = "auto"
+    auto_steps: bool = True
     local_store: bool = True
     compact: bool = True
     otlp_endpoint: str | None = None
@@ -387,6 +397,8 @@ class TracingSettings:
             memory_interval_s=_float(get_float(MEMORY_INTERVAL_S, env, minimum=0.0), cls.memory_interval_s),
             flush_interval_s=_float(get_float(FLUSH_INTERVAL_S, env, positive=True), cls.flush_interval_s),
             native=get_bool(NATIVE, env, True),
+            collectives=get_choice(COLLECTIVES, ("auto", "hooks", "wrap"), env) or "auto",
+            auto_steps=get_bool(AUTO_STEPS, env, True),
             local_store=get_bool(LOCAL, env, True),
             compact=get_bool(COMPACT, env, True),
             otlp_endpoint=get_str(OTLP_ENDPOINT, env),

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 from time import time_ns
 from types import FrameType, ModuleType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobtrace import config
 from jobtrace.config import TracingSettings
@@ -46,6 +46,10 @@ from shippers import (
 
 from ._logging import JobtraceHandler, attach_to_loggers, install_console
 from ._recorder import Recorder, TraceRecorder
+
+if TYPE_CHECKING:
+    from ._autostep import AutoSteps
+    from ._torch import CollectiveSource
 
 __all__ = ["Tracing", "get_tracing", "init_tracing", "log_metrics", "phase", "publish_entry_points_on", "span", "step"]
 
@@ -95,6 +99,8 @@ class Tracing:
         sink_factory: Callable[[Identity], list[Sink]] | None = None,
         native: bool | None = None,
         redact: Redactor | bool | None = None,
+        collectives: str = "auto",
+        auto_steps: bool = True,
     ) -> None:
         self.identity = identity
         self.recorder = make_recorder(identity, native)
@@ -117,15 +123,26 @@ class Tracing:
         if otel:
             self._install_otel(otel_context)
         self.torch_instrumented = False
+        self.auto_steps: AutoSteps | None = None
+        """Steps and phases from optimizer, DataLoader, module and backward hooks (None: off, or no torch)."""
+        self.collectives: CollectiveSource | None = None
+        """How collectives are recorded (``.mode``: ``hooks`` or ``wrap``), and which one the rank is in."""
         if torch and ("torch" in sys.modules or _torch_importable()):
-            from ._torch import instrument_torch, memory_hook, uninstrument_torch
+            from ._torch import instrument_torch, memory_hook
 
-            self.torch_instrumented = instrument_torch(self.recorder)
-            if self.torch_instrumented:
-                self._undo.append(uninstrument_torch)
+            self.collectives = instrument_torch(self.recorder, collectives)
+            self.torch_instrumented = self.collectives is not None
+            if self.collectives is not None:
+                self._undo.append(self.collectives.uninstall)
             hook = memory_hook(self.recorder, memory_interval_s)
             if hook is not None:
                 self.recorder.step_end_hooks.append(hook)
+            if auto_steps:
+                from ._autostep import AutoSteps
+
+                self.auto_steps = AutoSteps(self.recorder)
+                self.auto_steps.install()
+                self._undo.append(self.auto_steps.uninstall)
         self._stop_beat = threading.Event()
         self._beat_thread = threading.Thread(target=self._beat_loop, name="jobtrace-heartbeat", daemon=True)
         self._beat_thread.start()
@@ -296,10 +313,12 @@ class Tracing:
                 now = time_ns()
                 attrs: dict[str, Any] = {"progress_age_ms": (now - rec.last_progress_ns) // 1_000_000}
                 top = rec.top()
+                if top is None and self.auto_steps is not None:
+                    top = self.auto_steps.top()
                 if top is not None:
                     name, cat, start = top
                     attrs.update(in_span=name, in_cat=cat, span_age_ms=(now - start) // 1_000_000)
-                coll = rec.in_collective
+                coll = self.collectives.waiting() if self.collectives is not None else None
                 if coll is not None:
                     attrs.update(in_op=coll[0], in_group=coll[1], in_seq=coll[2], op_age_ms=(now - coll[3]) // 1_000_000)
                     if len(coll) > 4:
@@ -476,6 +495,8 @@ def init_tracing(
             sink_factory=factory if sinks is None else None,
             native=settings.native,
             redact=redactor,
+            collectives=settings.collectives,
+            auto_steps=settings.auto_steps,
         )
         _publish(_active.recorder)
         return _active
@@ -511,6 +532,8 @@ class DisabledTracing:
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
         self.torch_instrumented = False
+        self.collectives = None
+        self.auto_steps = None
 
     def step(self, i: int, **attrs: Any) -> AbstractContextManager[Any]:
         return _NULL_SPAN

@@ -1,14 +1,15 @@
 """torch integration: every ``torch.distributed`` collective becomes a span, without user changes.
 
-The public collective functions are wrapped in both ``torch.distributed`` and
-``torch.distributed.distributed_c10d`` (libraries import them from either). Each
-call records op, process group, group size, a per-group sequence number (the same
-number on every rank for the same collective, which is what lets the hang analysis
-match collectives across ranks), payload bytes and the time spent in the call.
-While a rank is inside a collective, :attr:`TraceRecorder.in_collective` says which one,
-so the heartbeat thread can report it even when the main thread is blocked in C++.
-
-For ``async_op=True`` the time is the launch only, and the span says ``async``.
+Where torch has process-group hooks (2.15 on), :mod:`._collectives` records every collective of
+every group, DDP's and FSDP's included, timed to completion. Elsewhere the public collective
+functions are wrapped in both ``torch.distributed`` and ``torch.distributed.distributed_c10d``
+(libraries import them from either): each call records op, process group, group size, a
+per-group sequence number (the same number on every rank for the same collective, which is what
+lets the hang analysis match collectives across ranks), payload bytes and the time spent in the
+call; for ``async_op=True`` the time is the launch only, and the span says ``async``; what
+DDP's reducer and FSDP call from C++ is not seen. ``JOBTRACE_COLLECTIVES`` picks one
+(``auto``, ``hooks``, ``wrap``). Either way :class:`CollectiveSource` says which collective the
+rank is in, for the heartbeat thread, even when the main thread is blocked in C++.
 
 Per step, where CUDA is initialised, ``torch.cuda`` memory counters are recorded
 (they are host-side counters: no device sync); on every platform the process RSS, at
@@ -25,13 +26,26 @@ import glob
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from jobtrace.events import COLLECTIVE_OPS
 
+from ._collectives import GroupHooks, hooks_supported
 from ._recorder import _METRIC, TraceRecorder
 
-__all__ = ["instrument_torch", "uninstrument_torch", "memory_hook", "wrap_collective"]
+__all__ = ["CollectiveSource", "instrument_torch", "uninstrument_torch", "memory_hook", "wrap_collective"]
+
+
+class CollectiveSource(Protocol):
+    """How collectives are being recorded: process-group hooks, or wrapped Python functions."""
+
+    mode: str
+    """``hooks`` or ``wrap``."""
+
+    def waiting(self) -> tuple[str, str, int | None, int, int] | None:
+        """``(op, group, seq, t0_ns, bytes)`` of the collective the rank is in (the oldest outstanding)."""
+
+    def uninstall(self) -> None: ...
 
 _PATCHED: dict[tuple[Any, str], Callable[..., Any]] = {}
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -67,15 +81,42 @@ def wrap_collective(fn: Callable[..., Any], op: str, rec: TraceRecorder, dist: A
                                _payload_bytes)
 
 
-def instrument_torch(rec: TraceRecorder) -> bool:
-    """Wrap torch.distributed collectives; False when torch.distributed is not available."""
+class _Wrapped:
+    """Collectives recorded by wrapping the Python functions (a torch without process-group hooks)."""
+
+    mode = "wrap"
+
+    def __init__(self, rec: TraceRecorder) -> None:
+        self._rec = rec
+
+    def waiting(self) -> tuple[str, str, int | None, int, int] | None:
+        return self._rec.in_collective
+
+    def uninstall(self) -> None:
+        uninstrument_torch()
+
+
+def instrument_torch(rec: TraceRecorder, mode: str = "auto") -> CollectiveSource | None:
+    """Record torch.distributed collectives (``mode``: ``auto``, ``hooks`` or ``wrap``); None when
+    torch.distributed is not available, or ``hooks`` was asked of a torch without them."""
     try:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
     except Exception:  # noqa: BLE001 - no torch, or a build without distributed
-        return False
+        return None
     if not dist.is_available():
-        return False
+        return None
+    if mode in ("auto", "hooks") and hooks_supported():
+        hooks = GroupHooks(rec)
+        hooks.install()
+        return hooks
+    if mode == "hooks":
+        return None
+    _wrap_functions(rec, dist, c10d)
+    return _Wrapped(rec)
+
+
+def _wrap_functions(rec: TraceRecorder, dist: Any, c10d: Any) -> None:
     for op in COLLECTIVE_OPS:
         original = getattr(c10d, op, None) or getattr(dist, op, None)
         if original is None:
@@ -86,7 +127,6 @@ def instrument_torch(rec: TraceRecorder) -> bool:
             if hasattr(module, op):
                 _PATCHED.setdefault((module, op), getattr(module, op))
                 setattr(module, op, wrapper)
-    return True
 
 
 def uninstrument_torch() -> None:

@@ -122,6 +122,8 @@ def analyze_stragglers(ctx: AnalysisContext) -> tuple[list[Finding], list[NodeSu
     chronic: list[dict[str, Any]] = []
     episodic: list[dict[str, Any]] = []
     ref = statistics.median(r["compute_ns"] for r in timed)
+    if ref <= 0:  # the median rank's steps are all collective: no compute to compare
+        return findings, nodes, info
     for r in timed:
         wr = per_rank_win.get(r["rank"])
         if not wr or not wr["nf"]:

@@ -24,13 +24,18 @@ __all__ = ["demo"]
 @click.option("--hang-step", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--nan-step", type=click.IntRange(1), default=None, help="Make rank 0's loss NaN from this step.")
 @click.option("--ranks-per-node", type=click.IntRange(0), default=0, help="Simulate nodes of this many ranks.")
+@click.option("--ddp", "wrap", flag_value="ddp", help="Wrap the model in DistributedDataParallel (its reducer's "
+              "all-reduces are what jobtrace records).")
+@click.option("--fsdp", "wrap", flag_value="fsdp", help="Shard the model with FSDP2 (fully_shard).")
+@click.option("--no-marks", is_flag=True, help="No oi.step/oi.phase in the script: steps and phases come from the "
+              "optimizer, module and backward hooks.")
 @click.option("--job-id", default=None, help="Default: demo-<time>.")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--verbose", is_flag=True, help="Show the training job's own output.")
 @click.option("--json", "as_json", is_flag=True)
 def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, hang_rank: int | None, hang_step: int,
-         nan_step: int | None, ranks_per_node: int, job_id: str | None, data_dir: str, verbose: bool,
-         as_json: bool) -> None:
+         nan_step: int | None, ranks_per_node: int, wrap: str | None, no_marks: bool, job_id: str | None, data_dir: str,
+         verbose: bool, as_json: bool) -> None:
     """Run a real torch.distributed job (gloo, CPU) with an injected fault, then trace it.
 
     Exit status: 0 healthy, 1 problem found (the injected fault, as it should be), 2 usage error,
@@ -48,9 +53,13 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     job_id = job_id or time.strftime("demo-%Y%m%d-%H%M%S")
     cfg = DemoConfig(job_id=job_id, data_dir=data_dir, ranks=ranks, steps=steps, slow_ranks=list(slow_rank),
                      slow_ms=slow_ms, hang_rank=hang_rank, hang_step=hang_step, nan_step=nan_step,
-                     ranks_per_node=ranks_per_node, quiet=not verbose)
+                     ranks_per_node=ranks_per_node, wrap=wrap or "none", marks=not no_marks,
+                     quiet=not verbose)
     fault = (f"slow ranks {list(slow_rank)}" if slow_rank else "") + (f" hang rank {hang_rank}" if hang_rank is not None else "")
-    console.print(f"[bold]jobtrace demo[/]: job {job_id}, {ranks} ranks, {steps} steps, {fault.strip() or 'no fault'}")
+    fault += f" NaN loss from step {nan_step}" if nan_step is not None else ""
+    how = {"ddp": ", DistributedDataParallel", "fsdp": ", FSDP2"}.get(wrap or "", "")
+    console.print(f"[bold]jobtrace demo[/]: job {job_id}, {ranks} ranks{how}, {steps} steps, "
+                  f"{fault.strip() or 'no fault'}")
     t0 = time.monotonic()
     try:
         import torch  # noqa: F401

@@ -50,6 +50,10 @@ class DemoConfig:
     leak_mb: float = 16.0
     regress_step: int | None = None
     regress_ms: float = 25.0
+    marks: bool = True
+    """``oi.step``/``oi.phase`` in the script; False: steps and phases from the optimizer, module and backward hooks."""
+    wrap: str = "none"
+    """How gradients are averaged: ``none`` (by hand), ``ddp`` (DistributedDataParallel) or ``fsdp`` (FSDP2)."""
     fr_dump_dir: str | None = None
     """Write PyTorch Flight Recorder dumps (``fr_trace_rank_<r>``) here while the job runs."""
     stall_s: float = 6.0
@@ -91,8 +95,10 @@ def run_job(cfg: DemoConfig) -> int:
     args = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.ranks}",
         "--monitor-interval=0.5", "-m", "jobtrace.demo.train", f"--steps={cfg.steps}", f"--slow-ms={cfg.slow_ms}",
-        f"--hang-step={cfg.hang_step}", f"--ranks-per-node={cfg.ranks_per_node}",
+        f"--hang-step={cfg.hang_step}", f"--ranks-per-node={cfg.ranks_per_node}", f"--wrap={cfg.wrap}",
     ]
+    if not cfg.marks:
+        args.append("--no-marks")
     args += [f"--slow-rank={r}" for r in cfg.slow_ranks]
     if cfg.hang_rank is not None:
         args.append(f"--hang-rank={cfg.hang_rank}")

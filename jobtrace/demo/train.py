@@ -17,14 +17,18 @@ Run by ``jobtrace demo`` under torchrun (gloo, CPU). Faults are injected on purp
 ``--fr-dump-dir`` writes this rank's PyTorch Flight Recorder buffer there every second
 (``fr_trace_rank_<rank>``), the way a dump-on-timeout would leave it.
 
-Gradients are averaged with an explicit ``dist.all_reduce`` so the collective is
-visible to jobtrace's torch.distributed instrumentation without any tracing code
-around it.
+``--wrap none`` (the default) averages the gradients with an explicit ``dist.all_reduce`` of
+one flat tensor; ``--wrap ddp`` wraps the model in ``DistributedDataParallel``, whose C++
+reducer all-reduces them in buckets during ``backward()``; ``--wrap fsdp`` shards it with
+FSDP2's ``fully_shard`` (all-gathers in forward and backward, reduce-scatters in backward).
+Either way no tracing code surrounds a collective: jobtrace sees them through the process
+group (``otel_instrumentation._collectives``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -65,6 +69,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ranks-per-node", type=int, default=0, help="simulate nodes: node = rank // N")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--wrap", choices=("none", "ddp", "fsdp"), default="none",
+                   help="how gradients are averaged: by hand, DistributedDataParallel or FSDP2")
+    p.add_argument("--no-marks", action="store_true",
+                   help="no oi.step/oi.phase: steps and phases come from the optimizer, module and backward hooks")
     return p.parse_args(argv)
 
 
@@ -117,6 +125,17 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad
 
 
+def _unmarked(*_a: object) -> contextlib.nullcontext[None]:
+    """What ``oi.step``/``oi.phase`` stand in for under ``--no-marks``."""
+    return contextlib.nullcontext()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's own shard (FSDP2's parameters are DTensors), or the tensor."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def average_gradients(model: torch.nn.Module, world: int, reduce: Callable[[torch.Tensor], object]) -> float:
     """Average the gradients over the ranks with one collective on one flat tensor (DDP does it in buckets, the
     collective is the same); returns the gradient norm."""
@@ -143,24 +162,38 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(1234 + rank)
     torch.set_num_threads(1)
     model = make_model(args.hidden)
-    # Start from identical weights on every rank, as DDP would.
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
+    if args.wrap == "ddp":
+        # Small buckets, so that one backward pass all-reduces in several (a real model has many).
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    elif args.wrap == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(1234)  # FSDP2 shards the weights as they are: the same on every rank
+        model = make_model(args.hidden)
+        for layer in model.children():
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    else:
+        # Start from identical weights on every rank, as DDP would.
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     log.info("rank %d of %d ready", rank, world)
     if args.fr_dump_dir:
         _dump_flight_recorder(args.fr_dump_dir, rank)
     leaked: list[torch.Tensor] = []
+    step, phase = (_unmarked, _unmarked) if args.no_marks else (oi.step, oi.phase)
 
     for i in range(args.steps):
         t0 = time.perf_counter()
-        with oi.step(i):
-            with oi.phase("data"):
+        with step(i):
+            with phase("data"):
                 if rank in args.data_rank:
                     time.sleep(args.data_ms / 1000)
                 x = torch.randn(args.batch, 64)
                 y = x[:, :1] * 0.5 + 0.1 * torch.randn(args.batch, 1)
-            with oi.phase("forward"):
+            with phase("forward"):
                 if rank == args.hang_rank and i == args.hang_step:
                     log.warning("rank %d: injected hang at step %d", rank, i)
                     while True:
@@ -175,17 +208,20 @@ def main(argv: list[str] | None = None) -> None:
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 if args.nan_step is not None and rank == args.nan_rank and i >= args.nan_step:
                     loss = loss * math.nan
-            with oi.phase("backward"):
+            with phase("backward"):
                 opt.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]
                 if args.regress_step is not None and i >= args.regress_step:
                     time.sleep(args.regress_ms / 1000)
-            with oi.phase("optimizer"):
-                reduce: Callable[[torch.Tensor], object] = dist.all_reduce
-                if rank == args.mismatch_rank and i == args.mismatch_step:
-                    log.warning("rank %d: injected all_gather where the others all_reduce at step %d", rank, i)
-                    reduce = lambda g: dist.all_gather([torch.empty_like(g) for _ in range(world)], g)  # noqa: E731
-                grad_norm = average_gradients(model, world, reduce)
+            with phase("optimizer"):
+                if args.wrap == "none":
+                    reduce: Callable[[torch.Tensor], object] = dist.all_reduce
+                    if rank == args.mismatch_rank and i == args.mismatch_step:
+                        log.warning("rank %d: injected all_gather where the others all_reduce at step %d", rank, i)
+                        reduce = lambda g: dist.all_gather([torch.empty_like(g) for _ in range(world)], g)  # noqa: E731
+                    grad_norm = average_gradients(model, world, reduce)
+                else:  # averaged already, inside backward()
+                    grad_norm = float(torch.cat([_local(_grad(p)).flatten() for p in model.parameters()]).norm())
                 opt.step()
         elapsed = time.perf_counter() - t0
         oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)

@@ -88,10 +88,18 @@ def _statements(source: str) -> list[str]:
                    sum(dur) FILTER (WHERE name = 'optimizer') AS opt_ns,
                    sum(dur) AS phase_ns
             FROM {source} WHERE kind = 'span' AND cat = 'phase' AND step IS NOT NULL GROUP BY rank, step),
-        c AS (  -- collectives inside the step span (a barrier after the loop keeps the last step number)
-            SELECT c.rank, c.step, sum(c.dur) AS coll_ns, count(*) AS n_coll FROM colls c JOIN step_spans s USING (rank, step)
-            WHERE NOT c.is_async AND c.start >= s.t0 AND c.ts <= s.t1
-            GROUP BY c.rank, c.step),
+        -- Time with a collective in flight inside the step span (a barrier after the loop keeps the last step
+        -- number): the union of their intervals, since DDP's buckets and FSDP's prefetches overlap each other.
+        -- Sorted by start, each adds what it reaches past the latest end before it.
+        ci AS (
+            SELECT c.rank, c.step, c.start AS s, c.ts AS e,
+                   max(c.ts) OVER (PARTITION BY c.rank, c.step ORDER BY c.start, c.ts
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_e
+            FROM colls c JOIN step_spans s USING (rank, step)
+            WHERE NOT c.is_async AND c.start >= s.t0 AND c.ts <= s.t1),
+        c AS (
+            SELECT rank, step, sum(greatest(e - greatest(s, coalesce(prev_e, s)), 0)) AS coll_ns, count(*) AS n_coll
+            FROM ci GROUP BY rank, step),
         n AS (SELECT rank, any_value(node) AS node FROM step_spans GROUP BY rank)
         SELECT s.rank, coalesce(n.node, '') AS node, s.step, s.step_ns, s.t0, s.t1, s.span_id,
                coalesce(c.coll_ns, 0) AS coll_ns, coalesce(p.data_ns, 0) AS data_ns,
@@ -106,7 +114,9 @@ def _statements(source: str) -> list[str]:
         WITH r AS (
             SELECT rank, any_value(node) AS node, max(ts) AS last_ts, min(ts) AS first_ts, max(world) AS world,
                    min(trace_id) AS trace_lo, max(trace_id) AS trace_hi,
-                   max(ts) FILTER (WHERE kind <> 'heartbeat' AND (kind <> 'log' OR NOT starts_with(logger, 'jobtrace')))
+                   -- a collective that failed (its peer gone, the job being stopped) is no progress either
+                   max(ts) FILTER (WHERE kind <> 'heartbeat' AND (kind <> 'log' OR NOT starts_with(logger, 'jobtrace'))
+                                   AND (cat IS DISTINCT FROM 'collective' OR NOT contains(CAST(attrs AS VARCHAR), '"error":')))
                        AS last_progress,
                    arg_max(attrs, ts) FILTER (WHERE kind = 'heartbeat') AS beat,
                    max(ts) FILTER (WHERE kind = 'heartbeat') AS beat_ts,

@@ -1,4 +1,5 @@
-"""The torch.distributed wrapper, in-process on a real one-rank gloo group: what each collective's span says."""
+"""The torch.distributed wrappers (`JOBTRACE_COLLECTIVES=wrap`, a torch without process-group hooks), in-process
+on a real one-rank gloo group: what each collective's span says."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def traced(request):
         rec: Recorder = need_native().NativeRecorder(ident)
     else:
         rec = Recorder(ident, emit=items.append)
-    assert instrument_torch(rec)
+    assert instrument_torch(rec, "wrap") is not None  # the Python wrappers (torch without process-group hooks)
     try:
         yield rec, items
     finally:
