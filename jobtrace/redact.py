@@ -594,7 +594,8 @@ def _value_strings(line: bytes) -> list[tuple[int, int]]:
 
 
 def _user_sub(rx: re.Pattern[bytes], mark: bytes, group: int | str, line: bytes) -> bytes:
-    """``line`` with ``rx``'s matches replaced, each widened to whole escape units and kept inside one string."""
+    """``line`` with ``rx``'s matches replaced, each widened to whole escape units and UTF-8 characters and kept
+    inside one string."""
     spans = []
     for m in rx.finditer(line):
         s, e = m.span(group)
@@ -624,6 +625,10 @@ def _user_sub(rx: re.Pattern[bytes], mark: bytes, group: int | str, line: bytes)
         j = bisect_right(ustarts, e - 1) - 1
         if j >= 0 and units[j][0] <= e - 1 < units[j][1]:
             e = units[j][1]
+        while s > 0 and 0x80 <= line[s] < 0xC0:  # whole UTF-8 characters: never half of an "é"
+            s -= 1
+        while e < len(line) and 0x80 <= line[e] < 0xC0:
+            e += 1
         if s < pos or s >= e:
             continue
         parts += (line[pos:s], mark)

@@ -199,6 +199,12 @@ class TestAlwaysValidJson:
         ev, before = orjson.loads(outs[0]), orjson.loads(line)
         assert list(ev) == list(before) and list(ev["attrs"]) == list(before["attrs"])
 
+    @pytest.mark.parametrize("msg, regex", [("\x01é", r".{3}"), ("é", r"."), ("日本", r".{2}")])
+    def test_a_user_pattern_never_splits_a_character(self, msg, regex):
+        """Found by the property below on a loaded machine: ``.{3}`` over ``\u0001é`` took half of the é."""
+        out = Redactor([("mine", regex)], defaults=False).redact(line_of(msg))
+        assert orjson.loads(out)["msg"].startswith("[REDACTED:mine]")
+
     @settings(max_examples=200, deadline=None)
     @given(st.lists(fragments, max_size=10), st.sampled_from([r".{3}", r"\S+", r'"', r"\\", r"u:.", r"[^a]{2,5}",
                                                               r"(?P<secret>E.)", r"(K)"]))
