@@ -48,6 +48,9 @@ def main() -> None:
     args = p.parse_args()
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=open(os.devnull, "w"))  # noqa: SIM115
+    # The collective is timed as the wrapper's time minus the collective's: the Python wrappers, not the process
+    # group's hooks (whose cost bench_overhead.py --ddp gives as a share of a DDP step).
+    os.environ.setdefault("JOBTRACE_COLLECTIVES", "wrap")
     tracing = oi.init_tracing()
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()

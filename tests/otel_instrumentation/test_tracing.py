@@ -316,7 +316,14 @@ class TestProcessLifecycle:
             """))
         proc = subprocess.Popen([PYTHON, str(script)], env=python_env(), cwd=tmp_path, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.3)
+        # Killed once its first 2,000 steps are on disk, however long a busy machine makes that (a fixed sleep
+        # was too short with a CPU hog on each core).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            files = list((tmp_path / "store" / "killed").glob("*.jsonl"))
+            if files and files[0].read_bytes().count(b"\n") > 4000:  # a span and a log line a step
+                break
+            time.sleep(0.05)
         proc.kill()
         proc.wait(timeout=30)
         (path,) = (tmp_path / "store" / "killed").glob("*.jsonl")
