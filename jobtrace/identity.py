@@ -54,6 +54,9 @@ class Identity:
     launcher: str = "none"
     warnings: tuple[str, ...] = field(default=())
     forked: bool = False  # a child forked from the rank's process (a DataLoader worker), not the rank itself
+    job_derived: bool = False
+    """The job id was derived from MASTER_ADDR/PORT (no launcher named the run): the same for the next run on
+    the same port, unless the tracing layer adds a run nonce (``otel_instrumentation._runid``)."""
 
 
 def trace_id_for_job(job_id: str) -> str:
@@ -144,11 +147,13 @@ def resolve_identity(
         )
 
     resolved_job = found.get("job_id", (None, ""))[0]
+    derived = False
     if resolved_job is None:
         if w > 1 and env.get("MASTER_ADDR"):
             # Same on every rank of this launch, different for the next launch on another port.
             key = f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT', '')}:{w}"
             resolved_job = "job-" + hashlib.sha1(key.encode()).hexdigest()[:12]
+            derived = True
             warnings.append(
                 f"no launcher job id found; derived {resolved_job} from MASTER_ADDR/PORT. "
                 f"Set {config.JOB_ID} to name the job."
@@ -181,4 +186,5 @@ def resolve_identity(
         parent_span_id=parent,
         launcher=launcher,
         warnings=tuple(warnings),
+        job_derived=derived,
     )

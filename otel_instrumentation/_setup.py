@@ -11,6 +11,7 @@ goes on: a tracing tool must never be the reason a job dies.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
@@ -469,6 +470,8 @@ def init_tracing(
         identity = resolve_identity(
             job_id=job_id, rank=rank, local_rank=local_rank, world_size=world_size, node=node
         )
+        if identity.job_derived and torch and not settings.disabled:
+            identity = _with_run_nonce(identity, rank, local_rank, world_size, node)
         if settings.disabled:
             if _disabled is None:
                 _disabled = DisabledTracing(identity)
@@ -500,6 +503,22 @@ def init_tracing(
         )
         _publish(_active.recorder)
         return _active
+
+
+def _with_run_nonce(identity: Identity, rank: int | None, local_rank: int | None, world_size: int | None,
+                    node: str | None) -> Identity:
+    """A derived job id made this run's own with torchrun's agent-store nonce (``_runid``), where there is one."""
+    from ._runid import run_nonce
+
+    nonce = run_nonce(config.environ())
+    if nonce is None:
+        return identity
+    job = f"{identity.job_id}-{nonce}"
+    again = resolve_identity(job_id=job, rank=rank, local_rank=local_rank, world_size=world_size, node=node)
+    note = (f"no launcher job id found; derived {job} from MASTER_ADDR/PORT and this run's nonce in torchrun's "
+            f"store. Set {config.JOB_ID} to name the job.")
+    kept = tuple(w for w in again.warnings if not w.startswith("no launcher job id"))
+    return dataclasses.replace(again, warnings=(note, *kept))
 
 
 def _redactor(redact: bool | Redactor | Sequence[tuple[str, str]] | None) -> Redactor | bool:
