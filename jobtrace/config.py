@@ -111,6 +111,9 @@ AUTO_STEPS: Final = _var("JOBTRACE_AUTO_STEPS", "bool", "1",
                          "Steps and phases from the training loop's own calls where the script marks none: optimizer "
                          "steps end steps, DataLoader batches are data, the top-level module's call is forward, "
                          "`backward()` is backward. The first `oi.step` of the script's own turns them off.", _G)
+INTEGRATIONS: Final = _var("JOBTRACE_INTEGRATIONS", "bool", "1",
+                           "Attach jobtrace's callback to every Hugging Face `Trainer` and Lightning `Trainer` the "
+                           "script makes (their loss, learning rate, grad norm and logged scalars as metrics).", _G)
 LOCAL: Final = _var("JOBTRACE_LOCAL", "bool", "1",
                     "Write the embedded store; `0` with a server configured ships to the server only.", _G)
 COMPACT: Final = _var("JOBTRACE_COMPACT", "bool", "1",
@@ -377,6 +380,7 @@ class TracingSettings:
     native: bool = True
     collectives: str = "auto"
     auto_steps: bool = True
+    integrations: bool = True
     local_store: bool = True
     compact: bool = True
     otlp_endpoint: str | None = None
@@ -399,6 +403,7 @@ class TracingSettings:
             native=get_bool(NATIVE, env, True),
             collectives=get_choice(COLLECTIVES, ("auto", "hooks", "wrap"), env) or "auto",
             auto_steps=get_bool(AUTO_STEPS, env, True),
+            integrations=get_bool(INTEGRATIONS, env, True),
             local_store=get_bool(LOCAL, env, True),
             compact=get_bool(COMPACT, env, True),
             otlp_endpoint=get_str(OTLP_ENDPOINT, env),

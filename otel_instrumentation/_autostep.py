@@ -14,7 +14,9 @@ plain script only steps an optimizer. A step is what happens between two optimiz
   step; two hooks a step cost nothing);
 * **backward** is ``torch.autograd.backward`` (what ``loss.backward()`` calls, as do Accelerate,
   Lightning and DeepSpeed);
-* **optimizer** is the optimizer's step.
+* **optimizer** is the optimizer's step; where its closure runs forward and backward (LBFGS,
+  Lightning's automatic optimization), those are phases of their own and the optimizer's phase is
+  the time outside them.
 
 Explicit marks win: the first ``oi.step`` the script ends (the recorder's step-end hooks say so),
 or a step span open at an optimizer step, turns the automatic steps off for good; a phase the
@@ -65,6 +67,8 @@ class AutoSteps:
         self._undo: list[Callable[[], None]] = []
         self._user_steps = False
         self._carry = False  # the step in progress began at a boundary and no call of it came yet
+        self._opt_seg: int | None = None  # the optimizer phase's running segment (its start)
+        self._opt_paused = False  # a closure's forward/backward interrupted it
 
     # ---- installing ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -137,6 +141,10 @@ class AutoSteps:
         elif self._carry:  # the first call of a step that began at the last boundary: events are its from here
             self._carry = False
             self._rec.step = self._k
+        if self._opt_seg is not None:  # forward/backward in an optimizer's closure (LBFGS, Lightning): a pause
+            self._record("optimizer", self._opt_seg, t0)
+            self._opt_seg = None
+            self._opt_paused = True
         if self._open is None:
             self._open = (name, _PHASE, t0)
         return t0
@@ -144,8 +152,15 @@ class AutoSteps:
     def _leave(self, name: str, t0: int) -> None:
         if self._open is not None and self._open[0] == name and self._open[2] == t0:
             self._open = None
-            if self.phases_enabled and self.enabled:
-                self._phases.append((name, t0, time_ns()))
+            t1 = time_ns()
+            self._record(name, t0, t1)
+            if self._opt_paused:  # back in the optimizer's step
+                self._opt_seg = t1
+                self._opt_paused = False
+
+    def _record(self, name: str, t0: int, t1: int) -> None:
+        if self.phases_enabled and self.enabled and t1 > t0:
+            self._phases.append((name, t0, t1))
 
     def _fwd_pre(self, module: Any, _args: Any) -> None:
         if not self.enabled or threading.get_ident() != self._main:
@@ -182,12 +197,18 @@ class AutoSteps:
             return
         if self._boundary is None:
             self._boundary = optimizer
-        self._opt_t0 = self._enter("optimizer")
+        self._enter("optimizer")
+        if self._open is not None and self._open[0] == "optimizer":  # kept apart: a closure may pause it
+            self._opt_seg = self._open[2]
+            self._open = None
 
     def _opt_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not self.enabled or threading.get_ident() != self._main:
             return
-        self._leave("optimizer", self._opt_t0)
+        if self._opt_seg is not None:
+            self._record("optimizer", self._opt_seg, time_ns())
+        self._opt_seg = None
+        self._opt_paused = False
         if optimizer is not self._boundary:
             return
         rec = self._rec
@@ -226,6 +247,7 @@ class AutoSteps:
         self.enabled = False
         self._phases = []
         self._open = None
+        self._opt_seg = None
         self._start = None
         for h in self._handles + self._module_handles:
             h.remove()
@@ -240,5 +262,8 @@ class AutoSteps:
         phase = self._open
         if phase is not None:
             return phase
+        seg = self._opt_seg
+        if seg is not None:
+            return ("optimizer", _PHASE, seg)
         start = self._start
         return None if start is None else ("step", _STEP, start)

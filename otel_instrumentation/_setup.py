@@ -102,6 +102,7 @@ class Tracing:
         redact: Redactor | bool | None = None,
         collectives: str = "auto",
         auto_steps: bool = True,
+        integrations: bool = True,
     ) -> None:
         self.identity = identity
         self.recorder = make_recorder(identity, native)
@@ -144,6 +145,10 @@ class Tracing:
                 self.auto_steps = AutoSteps(self.recorder)
                 self.auto_steps.install()
                 self._undo.append(self.auto_steps.uninstall)
+            if integrations:
+                from .integrations import install as install_integrations
+
+                install_integrations()  # patches Trainers when their modules are imported; inert once tracing stops
         self._stop_beat = threading.Event()
         self._beat_thread = threading.Thread(target=self._beat_loop, name="jobtrace-heartbeat", daemon=True)
         self._beat_thread.start()
@@ -500,6 +505,7 @@ def init_tracing(
             redact=redactor,
             collectives=settings.collectives,
             auto_steps=settings.auto_steps,
+            integrations=settings.integrations,
         )
         _publish(_active.recorder)
         return _active
