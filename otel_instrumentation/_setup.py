@@ -145,10 +145,11 @@ class Tracing:
                 self.auto_steps = AutoSteps(self.recorder)
                 self.auto_steps.install()
                 self._undo.append(self.auto_steps.uninstall)
-            if integrations:
-                from .integrations import install as install_integrations
+            from . import integrations as frameworks
 
-                install_integrations()  # patches Trainers when their modules are imported; inert once tracing stops
+            frameworks.bind(log_metrics)  # the callbacks' values, also for a script that adds them itself
+            if integrations:
+                frameworks.install()  # patches Trainers when their modules are imported; inert once tracing stops
         self._stop_beat = threading.Event()
         self._beat_thread = threading.Thread(target=self._beat_loop, name="jobtrace-heartbeat", daemon=True)
         self._beat_thread.start()

@@ -19,12 +19,13 @@ on the training thread.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from ._post_import import when_imported
 
-__all__ = ["hf_callback", "install", "lightning_callback"]
+__all__ = ["bind", "hf_callback", "install", "lightning_callback"]
 
 log = logging.getLogger("jobtrace.integrations")
 
@@ -34,10 +35,21 @@ _HF_SKIP = frozenset({"total_flos", "train_runtime", "train_samples_per_second",
 """End-of-training summaries: not a step's values."""
 
 
-def _metrics() -> Any:
-    from ._setup import log_metrics
+def _no_metrics(step: int | None = None, **values: Any) -> None:
+    """Where the callbacks' values go before ``init_tracing`` binds them (nowhere)."""
 
-    return log_metrics
+
+_sink: Callable[..., None] = _no_metrics
+
+
+def bind(log_metrics: Callable[..., None]) -> None:
+    """Where the callbacks' values go: ``init_tracing`` passes the package's ``log_metrics``."""
+    global _sink
+    _sink = log_metrics
+
+
+def _metrics() -> Callable[..., None]:
+    return _sink
 
 
 # ---- Hugging Face ------------------------------------------------------------------------------------------
