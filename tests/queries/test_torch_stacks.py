@@ -92,7 +92,8 @@ class TestDDP:
         f = next(f for f in report.findings if f.kind == "slow_rank")
         assert "waiting in all_reduce" in f.summary
         per_rank = {r.rank: r for r in report.per_rank}
-        assert all(per_rank[r].collective_ms > 5 * per_rank[2].collective_ms for r in (0, 1, 3))
+        # the others wait for it (5x apart on an idle machine; 2x leaves room for a CPU hog on each core)
+        assert all(per_rank[r].collective_ms > 2 * per_rank[2].collective_ms for r in (0, 1, 3))
         assert report.breakdown["comm_share"] > 0.2
 
     def test_the_hung_rank_never_joined_the_reducers_all_reduce(self, ddp_hang):
