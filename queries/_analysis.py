@@ -28,6 +28,7 @@ from typing import Any
 
 from jobtrace.store import build_tables
 
+from ._clocks import node_offsets
 from ._failures import analyze_failures
 from ._golden import GoldenProfile, compare_to_golden
 from ._hang import analyze_hang
@@ -67,6 +68,26 @@ def _training_ranks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     kept = [r for r in ranks if not (r.get("rank_est") and not r["n"] and r["last_step"] is None
                                      and r["last_span"] is None)]
     return kept or ranks
+
+
+CLOCK_APPLY_NS = 2_000_000
+"""Offsets under 2 ms are reported, not applied: ranks of one clock leave a gloo collective up to ~0.6 ms
+apart on a busy machine (the demo on 2 cores, 2 simulated nodes), and NTP keeps nodes about that close."""
+
+
+def _clocks(con: Any, ranks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The report's clock section and the offsets to apply (ns per node), for a job on several nodes."""
+    nodes = {r["node"] for r in ranks}
+    if len(nodes) < 2:
+        return {}, {}
+    reference = min(ranks, key=lambda r: r["rank"])["node"]
+    found = node_offsets(con, reference)
+    clock = {n: o["offset_ns"] for n, o in found.items() if abs(o["offset_ns"]) >= CLOCK_APPLY_NS}
+    section = {"reference": reference, "offsets_ms": {n: round(o["offset_ns"] / 1e6, 3) for n, o in found.items()},
+               "offsets_ns": {n: o["offset_ns"] for n, o in found.items()},
+               "points": {n: o["points"] for n, o in found.items()}, "applied": sorted(clock),
+               "unknown": sorted(nodes - set(found) - {reference})}
+    return section, clock
 
 
 def analyze(
@@ -115,7 +136,8 @@ def analyze(
         "trace_ids": sorted({t for r in ranks for t in (r["trace_lo"], r["trace_hi"]) if t}),
     }
     nodes = sorted({r["node"] for r in ranks})
-    t_max = max(r["last_ts"] for r in ranks)
+    clocks, clock = _clocks(con, ranks)
+    t_max = max(r["last_ts"] - clock.get(r["node"], 0) for r in ranks)  # on the reference node's clock
     per_rank = [
         RankSummary(
             rank=r["rank"],
@@ -126,7 +148,7 @@ def analyze(
             collective_ms=ms(r["coll_ns"]),
             data_ms=ms(r["data_ns"]),
             last_step=r["last_step"],
-            last_seen_s=round((t_max - r["last_ts"]) / 1e9, 3),
+            last_seen_s=round((t_max + clock.get(r["node"], 0) - r["last_ts"]) / 1e9, 3),
             comm_share=None if r["comm_share"] is None else round(r["comm_share"], 3),
             idle_ms=ms(r["idle_ns"]),
         )
@@ -135,7 +157,7 @@ def analyze(
     by_rank = {p.rank: p for p in per_rank}
     ctx = AnalysisContext(con=con, cfg=cfg, ranks=ranks, by_rank=by_rank, t_max=t_max, n_steps=n_steps,
                           first_step=first_step, window=window_size(cfg, n_steps), warm_from=warm_from,
-                          late=late_arrivals(con, len(ranks)))
+                          late=late_arrivals(con, len(ranks)), clock=clock)
 
     # A rank's status does not depend on the order below: each check proposes, STATUS_PRECEDENCE
     # decides. Late arrival comes last for its findings, which need to know what the others explain.
@@ -201,6 +223,7 @@ def analyze(
         golden=report_golden,
         t_min=head["t_min"],
         t_max=t_max,
+        clocks=clocks,
     )
     if links is not None:
         attach_links(report, links)

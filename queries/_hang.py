@@ -37,13 +37,14 @@ _SAME_SIZE = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_
 
 def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
     """Collective mismatches, stalled and silent ranks, and the wavefront; the wavefront info for the report."""
-    con, ranks, t_max, by_rank = ctx.con, ctx.ranks, ctx.t_max, ctx.by_rank
+    con, ranks, by_rank = ctx.con, ctx.ranks, ctx.by_rank
     findings = _completed_mismatches(ctx)
     thr = ctx.cfg.stall_s * 1e9
-    expected = _expected_to_progress(ranks, thr)
-    silent = {r["rank"] for r in ranks if r["rank"] in expected and t_max - r["last_ts"] >= thr and not r["stopped"]}
+    expected = _expected_to_progress(ranks, thr, ctx.clock)
+    silent = {r["rank"] for r in ranks if r["rank"] in expected and ctx.now(r) - r["last_ts"] >= thr
+              and not r["stopped"]}
     stuck = {r["rank"] for r in ranks if r["rank"] in expected
-             and (r["last_progress"] is None or t_max - r["last_progress"] >= thr)}
+             and (r["last_progress"] is None or ctx.now(r) - r["last_progress"] >= thr)}
     if not silent and not stuck:
         return findings, {}
     info = {r["rank"]: r for r in ranks}
@@ -81,17 +82,20 @@ def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
     return findings, {"waves": waves, "wavefront": wave_txt, "stalled": sorted(stuck), "silent": sorted(silent)}
 
 
-def _expected_to_progress(ranks: list[dict[str, Any]], thr: float) -> set[int]:
+def _expected_to_progress(ranks: list[dict[str, Any]], thr: float, clock: dict[str, int]) -> set[int]:
     """Ranks whose quiet means something: they send heartbeats, or they made steps while the others went on.
 
     A stream with neither (a launcher's lines, a comms table, a warning, random bytes) never
     promised progress, so its end says nothing; nor does the end of a rank's steps when no
     other rank stepped for ``thr`` after it (the job ended, or its log was cut there).
     """
-    last_step_span = max((r["last_span_ts"] or 0 for r in ranks), default=0)
+    def ref(ts: int, r: dict[str, Any]) -> int:  # a rank's stamp on the reference node's clock
+        return ts - clock.get(r["node"], 0)
+
+    last_step_span = max((ref(r["last_span_ts"], r) for r in ranks if r["last_span_ts"]), default=0)
     return {r["rank"] for r in ranks if r["beat_ts"] is not None
             or (r["last_step"] is not None and r["last_span_ts"] is not None
-                and last_step_span - (r["last_progress"] or r["last_ts"]) >= thr)}
+                and last_step_span - ref(r["last_progress"] or r["last_ts"], r) >= thr)}
 
 
 def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]],
@@ -196,7 +200,7 @@ def _culprit_finding(ctx: AnalysisContext, r: dict[str, Any], why: str, is_silen
     con = ctx.con
     rank = r["rank"]
     ctx.mark(rank, "silent" if is_silent else "stalled")
-    quiet_s = (ctx.t_max - (r["last_progress"] or r["last_ts"])) / 1e9
+    quiet_s = (ctx.now(r) - (r["last_progress"] or r["last_ts"])) / 1e9
     how = "silent (no heartbeat or event)" if is_silent else "stalled (alive, no progress)"
     doing = _doing(r)
     missed = [w for w in waves if rank in w["missing"]]

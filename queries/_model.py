@@ -270,6 +270,8 @@ class Report:
     """Collective matching: groups, instances, last arrivers, the wavefront when the job hangs."""
     golden: list[str] = field(default_factory=list)
     """Reference runs this job was compared with."""
+    clocks: dict[str, Any] = field(default_factory=dict)
+    """Clock offsets between nodes (``reference``, ``offsets_ms`` per node, ``applied``), where estimated."""
     caveats: list[str] = field(default_factory=list)
     """What limits the report, said before it: an ingest that did not finish ("ingest incomplete: 92 % of x.log")."""
     t_min: int = 0
@@ -339,6 +341,13 @@ class AnalysisContext:
     """The first step per-step statistics count; ``None`` counts every step (see :data:`AFTER_WARMUP`)."""
     late: dict[str, Any]
     """Who arrived last at each collective instance, per rank and op (``late_arrivals``)."""
+    clock: dict[str, int] = field(default_factory=dict)
+    """Per node, its clock's offset (ns) from the reference node's, where large enough to apply
+    (:mod:`queries._clocks`); :attr:`t_max` is on the reference clock."""
+
+    def now(self, rank: dict[str, Any]) -> int:
+        """:attr:`t_max` in ``rank``'s own clock (a row of :attr:`ranks`): what its stamps are compared with."""
+        return self.t_max + self.clock.get(rank["node"], 0)
 
     def warm_params(self, **more: object) -> dict[str, object]:
         """Named parameters for a query that filters with :data:`AFTER_WARMUP`, plus ``more``."""

@@ -52,6 +52,10 @@ def _summary(report: Report) -> Table:
         t.add_row("time shares", f"compute {b['compute_share']:.0%}, communication {b['comm_share']:.0%}, "
                                  f"data {b['data_share']:.0%}" + (f", idle {b['idle_share']:.0%}"
                                                                   if b.get("idle_share") is not None else ""))
+    clocks = report.clocks
+    if clocks and clocks.get("applied"):
+        shifts = ", ".join(f"{n} {clocks['offsets_ms'][n]:+.1f} ms" for n in clocks["applied"])
+        t.add_row("clocks", f"aligned to {clocks['reference']}'s: {shifts}")
     if report.golden:
         t.add_row("compared with", ", ".join(report.golden))
     if report.skipped:

@@ -61,19 +61,29 @@ def timeline_data(job: Any, report: Report, *, max_lanes: int = 64, max_spans: i
     first_start = con.execute("SELECT min(start) FROM events WHERE kind = 'span'").fetchone()[0]
     t0 = min(report.t_min, first_start) if first_start is not None else report.t_min
     lane_sql = ",".join(str(int(r)) for r in lanes) or "NULL"
+    # Every node's events on the reference node's clock (report.clocks): a rank's offset, by its node.
+    applied = report.clocks.get("applied", []) if report.clocks else []
+    con.execute("CREATE OR REPLACE TEMP TABLE clock_off AS SELECT * FROM (VALUES (NULL::VARCHAR, 0::BIGINT)) t(node, off) "
+                "WHERE false")
+    if applied:
+        con.executemany("INSERT INTO clock_off VALUES (?, ?)",
+                        [[n, int(report.clocks["offsets_ns"][n])] for n in applied])
+    con.execute("""CREATE OR REPLACE TEMP TABLE rank_off AS
+                   SELECT r.rank, coalesce(o.off, 0) AS off FROM (SELECT DISTINCT rank, node FROM ranks) r
+                   LEFT JOIN clock_off o USING (node)""")
     spans = rows(
         con,
-        f"""SELECT rank, (start - {t0}) / 1000.0 AS s, dur / 1000.0 AS d, name, cat, step, span_id,
+        f"""SELECT rank, (start - o.off - {t0}) / 1000.0 AS s, dur / 1000.0 AS d, name, cat, step, span_id,
                    json_extract_string(attrs, '$.seq') AS seq, json_extract_string(attrs, '$.group') AS grp
-            FROM events WHERE kind = 'span' AND rank IN ({lane_sql}) AND start IS NOT NULL
+            FROM events JOIN rank_off o USING (rank) WHERE kind = 'span' AND rank IN ({lane_sql}) AND start IS NOT NULL
             ORDER BY rank, start LIMIT {int(max_spans) + 1}""",
     )
     truncated = len(spans) > max_spans
     spans = spans[:max_spans]
     marks = rows(
         con,
-        f"""SELECT rank, (ts - {t0}) / 1000.0 AS t, level, logger, msg, step, span_id, exc IS NOT NULL AS has_exc
-            FROM events WHERE kind = 'log' AND rank IN ({lane_sql})
+        f"""SELECT rank, (ts - o.off - {t0}) / 1000.0 AS t, level, logger, msg, step, span_id, exc IS NOT NULL AS has_exc
+            FROM events JOIN rank_off o USING (rank) WHERE kind = 'log' AND rank IN ({lane_sql})
               AND (level IN ('WARNING', 'ERROR', 'CRITICAL') OR exc IS NOT NULL)
             ORDER BY ts LIMIT 5000""",
     )
@@ -88,8 +98,8 @@ def timeline_data(job: Any, report: Report, *, max_lanes: int = 64, max_spans: i
                                        "name": f.details.get("doing") or f.kind})
     metrics = rows(
         con,
-        f"""SELECT rank, (ts - {t0}) / 1000.0 AS t, loss, grad_norm, rss_bytes, cuda_allocated_bytes FROM mets
-            WHERE rank IN ({lane_sql}) ORDER BY rank, step LIMIT 200000""",
+        f"""SELECT rank, (ts - o.off - {t0}) / 1000.0 AS t, loss, grad_norm, rss_bytes, cuda_allocated_bytes
+            FROM mets JOIN rank_off o USING (rank) WHERE rank IN ({lane_sql}) ORDER BY rank, step LIMIT 200000""",
     )
     return {
         "job": report.job_id,

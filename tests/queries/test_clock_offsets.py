@@ -1,0 +1,74 @@
+"""A rank on a node whose clock runs 50 ms ahead (libfaketime shifts every realtime clock read of the process,
+the compiled recorder's and Python's logging included): trace-job recovers the offset within 1 ms from
+the collectives' end stamps, says it aligned the clocks, places that node's events on the reference clock,
+and does not take the shift for a stall or a straggler.
+
+The job is the demo's training script started by hand as two ranks on two named nodes (torchrun gives
+every rank the same environment, and only one may have the shifted clock).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="the job is a torch.distributed job")
+
+from queries import AnalysisConfig, analyze, load_local, timeline_data
+from tests.servers.base import free_port
+
+pytestmark = pytest.mark.torchjob
+FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+                             "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1") if os.path.exists(p)), None)
+SHIFT_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def shifted_job(tmp_path_factory):
+    if FAKETIME is None:
+        pytest.skip("needs libfaketime (Debian's faketime)")
+    data = tmp_path_factory.mktemp("clocks")
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBTRACE_", "TORCHELASTIC_"))}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
+                   JOBTRACE_JOB_ID="clocks", JOBTRACE_DATA_DIR=str(data), JOBTRACE_NODE=f"node{rank}",
+                   OMP_NUM_THREADS="1")
+        if rank == 1:
+            env.update(LD_PRELOAD=FAKETIME, FAKETIME=f"+{SHIFT_S}", FAKETIME_DONT_FAKE_MONOTONIC="1",
+                       FAKETIME_NO_CACHE="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "jobtrace.demo.train", "--steps", "20"], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    job = load_local(data, "clocks")
+    return job, analyze(job, AnalysisConfig(stall_s=0.02))
+
+
+def test_the_offset_is_recovered_within_a_millisecond(shifted_job):
+    _, report = shifted_job
+    clocks = report.clocks
+    assert clocks["reference"] == "node0" and clocks["applied"] == ["node1"]
+    assert abs(clocks["offsets_ms"]["node1"] - SHIFT_S * 1000) < 1.0, clocks
+
+
+def test_the_shift_is_no_stall_and_no_straggler(shifted_job):
+    _, report = shifted_job
+    # A stall threshold of 20 ms: node0's rank, 50 ms "behind" on a raw comparison, would be stalled.
+    assert report.healthy, [f.summary for f in report.findings]
+
+
+def test_the_timeline_puts_both_ranks_on_one_clock(shifted_job):
+    job, report = shifted_job
+    spans = timeline_data(job, report)["spans"]
+    ends = {}
+    for s in spans:
+        if s["cat"] == "collective" and s["seq"] is not None:
+            ends.setdefault(s["seq"], {})[s["rank"]] = s["s"] + s["d"]
+    gaps = sorted(abs(e[0] - e[1]) for e in ends.values() if len(e) == 2)
+    assert gaps and gaps[len(gaps) // 2] < 1000  # µs: they leave each collective together, as they did
