@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer`` and Lightning: the metrics they already compute, with no line in the script.
+"""Hugging Face ``Trainer``, Lightning and DeepSpeed: the metrics they already compute, with no line in the script.
 
 ``init_tracing()`` attaches a callback to every ``transformers.Trainer`` and every Lightning
 ``Trainer`` made afterwards (``JOBTRACE_INTEGRATIONS=0`` turns this off; the modules are patched when
@@ -10,6 +10,9 @@ module hooks (:mod:`._autostep`) like any loop's; the callbacks add what only th
   belongs to; the run's shape (world size, batch, accumulation, model class) once at the start.
 * Lightning: at each optimizer step, the training step's ``loss``, the first optimizer's ``lr``, and
   the scalars logged with ``self.log`` (``trainer.callback_metrics``).
+* DeepSpeed (``DeepSpeedEngine``, patched the same way): at each gradient-accumulation boundary, the
+  last ``backward``'s loss, ``lr``, the global grad norm, the fp16 ``loss_scale``, ``overflow`` with the
+  ``attempted_loss_scale`` when the update was skipped, and ``skipped_steps``.
 
 ``hf_callback()`` and ``lightning_callback()`` give the callbacks for a script that adds its own.
 Tensors are handed over as they are: a GPU value is read on the export thread, never with a sync
@@ -164,6 +167,71 @@ def _patch_lightning(package: str) -> Any:
     return patch
 
 
+# ---- DeepSpeed ---------------------------------------------------------------------------------------------
+def _patch_deepspeed(module: ModuleType) -> None:
+    """``DeepSpeedEngine.backward`` keeps the loss; ``step`` records, at each accumulation boundary, the loss, the
+    learning rate, the global grad norm, the loss scale, whether the update was skipped (fp16 overflow) and the
+    engine's count of skipped steps."""
+    engine = module.DeepSpeedEngine
+    original_backward = getattr(engine.backward, "__jobtrace_wrapped__", engine.backward)
+    original_step = getattr(engine.step, "__jobtrace_wrapped__", engine.step)
+
+    def backward(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        self._jobtrace_loss = loss.detach() if hasattr(loss, "detach") else loss
+        return original_backward(self, loss, *args, **kwargs)
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = (getattr(self, "global_steps", None), getattr(self, "skipped_steps", None))
+        scale_before = _ds_loss_scale(self)
+        out = original_step(self, *args, **kwargs)
+        if (getattr(self, "global_steps", None), getattr(self, "skipped_steps", None)) != before:
+            _metrics()(self.global_steps - 1, **_ds_values(self, scale_before))
+        return out
+
+    for wrapper, original in ((backward, original_backward), (step, original_step)):
+        wrapper.__jobtrace_wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    engine.backward = backward
+    engine.step = step
+
+
+def _ds_loss_scale(engine: Any) -> float | None:
+    try:
+        scale = engine._get_optimizer_loss_scale()  # noqa: SLF001 - the engine's own reading of it
+    except Exception:  # noqa: BLE001 - an optimizer without one (fp32, bf16)
+        return None
+    return _number(scale)
+
+
+def _ds_values(engine: Any, scale_before: float | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    loss = getattr(engine, "_jobtrace_loss", None)
+    if loss is not None:
+        values["loss"] = loss
+    try:
+        lrs = engine.get_lr()
+        if lrs:
+            values["lr"] = _number(lrs[0])
+    except Exception:  # noqa: BLE001, S110 - no scheduler or optimizer to ask
+        pass
+    try:
+        norm = engine.get_global_grad_norm()
+        if norm is not None:
+            values["grad_norm"] = norm
+    except Exception:  # noqa: BLE001, S110
+        pass
+    scale = _ds_loss_scale(engine)
+    if scale is not None:
+        values["loss_scale"] = scale
+    applied = getattr(engine, "was_step_applied", None)
+    if callable(applied) and not applied():  # an fp16 overflow: the update was skipped
+        values["overflow"] = 1.0
+        if scale_before is not None:
+            values["attempted_loss_scale"] = scale_before
+    values["skipped_steps"] = getattr(engine, "skipped_steps", None)
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def _number(value: Any) -> float | None:
     """A logged value as a float (a NaN loss included: it is the evidence), or None for text."""
     try:
@@ -182,3 +250,4 @@ def install() -> None:
     when_imported("transformers.trainer", _patch_hf, _failed)
     when_imported("lightning.pytorch.trainer.trainer", _patch_lightning("lightning.pytorch"), _failed)
     when_imported("pytorch_lightning.trainer.trainer", _patch_lightning("pytorch_lightning"), _failed)
+    when_imported("deepspeed.runtime.engine", _patch_deepspeed, _failed)

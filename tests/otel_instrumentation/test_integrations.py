@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer`` and Lightning jobs, the real libraries on 2 gloo ranks, traced end to end with
+"""Hugging Face ``Trainer``, Lightning and DeepSpeed jobs, the real libraries on 2 gloo ranks, traced end to end with
 ``init_tracing()`` as the script's only line: steps, phases, the framework's loss and learning rate,
 DDP's collectives, one TraceID, and a healthy verdict."""
 
@@ -64,3 +64,21 @@ def test_a_lightning_job(tmp_path):
     events, stdout = run_job(tmp_path, "lightning_job.py", "pl")
     check(tmp_path, events, stdout, "pl")
     assert all("train_loss" in e["metrics"] for e in events[1] if e["kind"] == "metric" and "loss" in e["metrics"])
+
+
+def test_a_deepspeed_job(tmp_path):
+    pytest.importorskip("deepspeed", reason="DeepSpeed (jobtrace[dev]); its CPU accelerator runs on gloo")
+    events, stdout = run_job(tmp_path, "deepspeed_job.py", "ds")
+    assert stdout.count("auto_steps=4 on=True collectives=hooks global_steps=4") == 2, stdout
+    for rank, own in events.items():
+        assert sorted(e["step"] for e in own if e.get("cat") == "step") == [0, 1, 2, 3]
+        metrics = {e["step"]: e["metrics"] for e in own if e["kind"] == "metric" and "skipped_steps" in e["metrics"]}
+        assert sorted(metrics) == [0, 1, 2, 3], (rank, metrics)
+        for m in metrics.values():
+            assert m["loss"] > 0 and m["skipped_steps"] == 0 and "overflow" not in m
+        lrs = [metrics[s]["lr"] for s in range(4)]
+        assert lrs == sorted(lrs) and lrs[0] < lrs[-1]  # the warm-up schedule, as DeepSpeed applied it
+        assert any(e.get("cat") == "collective" and e["name"] == "all_reduce" for e in own)
+    report = analyze(load_local(tmp_path / "data", "ds"), AnalysisConfig())
+    assert report.ranks == 2 and report.steps == 4
+    assert not [f.summary for f in report.findings if f.severity in ("error", "warning")]
