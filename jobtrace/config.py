@@ -92,9 +92,13 @@ DATA_DIR: Final = _var("JOBTRACE_DATA_DIR", "path", "jobtrace-data", "Embedded s
 DISABLE: Final = _var("JOBTRACE_DISABLE", "bool", "0",
                       "Turn tracing off: `init_tracing()` installs nothing and records nothing; `step`/`phase` "
                       "still work as no-ops.", _G)
-HEARTBEAT_S: Final = _var("JOBTRACE_HEARTBEAT_S", "float", "10", "Seconds between heartbeats (> 0).", _G)
-STALL_DUMP_S: Final = _var("JOBTRACE_STALL_DUMP_S", "float", "60",
-                           "Seconds without progress before the main thread's stack is recorded.", _G)
+HEARTBEAT_S: Final = _var("JOBTRACE_HEARTBEAT_S", "float", "2",
+                          "Seconds between heartbeats (> 0): what a rank is doing and which collective it waits in, "
+                          "so that `jobtrace watch` names a hang within seconds.", _G)
+STALL_DUMP_S: Final = _var("JOBTRACE_STALL_DUMP_S", "float", "10",
+                           "Seconds without progress before the heartbeat thread records the scene: every Python "
+                           "thread's stack and, where torch keeps one, the Flight Recorder buffer (a file beside the "
+                           "rank's events).", _G)
 MEMORY_INTERVAL_S: Final = _var("JOBTRACE_MEMORY_INTERVAL_S", "float", "0.1",
                                 "Least seconds between two host-RSS samples at step ends (0: every step; CUDA "
                                 "counters are read every step).", _G)
@@ -373,8 +377,8 @@ class TracingSettings:
 
     data_dir: str = "jobtrace-data"
     disabled: bool = False
-    heartbeat_s: float = 10.0
-    stall_dump_s: float = 60.0
+    heartbeat_s: float = 2.0
+    stall_dump_s: float = 10.0
     memory_interval_s: float = 0.1
     flush_interval_s: float = 1.0
     native: bool = True

@@ -34,7 +34,7 @@ from jobtrace.errors import ConfigError, StoreError
 from jobtrace.events import SpanCategory
 from jobtrace.identity import Identity, job_root_span_id, resolve_identity
 from jobtrace.redact import Redactor, redactor_from_env
-from jobtrace.store import spool_root
+from jobtrace.store import job_dir, safe_name, spool_root
 from shippers import (
     BatchWorker,
     LocalStoreSink,
@@ -103,6 +103,7 @@ class Tracing:
         collectives: str = "auto",
         auto_steps: bool = True,
         integrations: bool = True,
+        data_dir: str | None = None,
     ) -> None:
         self.identity = identity
         self.recorder = make_recorder(identity, native)
@@ -115,6 +116,7 @@ class Tracing:
         self._flush_interval_s = flush_interval_s
         self.heartbeat_s = heartbeat_s
         self.stall_dump_s = stall_dump_s
+        self._data_dir = data_dir
         self._closed = False
         self._undo: list[Callable[[], object]] = []  # what an undo returns is ignored
         if identity.parent_span_id is None:
@@ -301,6 +303,13 @@ class Tracing:
         atexit.register(self.shutdown)
 
     # ---- heartbeat thread ----------------------------------------------------------------
+    def _flight_recorder_path(self) -> str | None:
+        """Where a stall's Flight Recorder dump goes: beside the rank's events (None without torch collectives)."""
+        if self.collectives is None or self._data_dir is None:
+            return None
+        ident = self.identity
+        return str(job_dir(self._data_dir, ident.job_id) / f"fr-{safe_name(ident.node)}.r{ident.rank}.p{ident.pid}.json")
+
     def _record_message(self, levelno: int, msg: str, exc_text: str | None = None, logger: str = "jobtrace") -> None:
         record = logging.LogRecord(logger, levelno, __file__, 0, msg, None, None)
         if exc_text:
@@ -330,20 +339,47 @@ class Tracing:
                     attrs.update(in_op=coll[0], in_group=coll[1], in_seq=coll[2], op_age_ms=(now - coll[3]) // 1_000_000)
                     if len(coll) > 4:
                         attrs["in_bytes"] = coll[4]
+                done = getattr(self.collectives, "last_done", None)
+                if done is not None:  # the last collective this rank completed: where a watcher sees it stopped
+                    attrs.update(last_op=done[0], last_group=done[1], last_seq=done[2],
+                                 last_done_ms=(now - done[3]) // 1_000_000)
                 rec.heartbeat(attrs)
                 stalled_ns = now - rec.last_progress_ns
                 if stalled_ns > self.stall_dump_s * 1e9 and dumped_for != rec.last_progress_ns:
                     dumped_for = rec.last_progress_ns
-                    frame = sys._current_frames().get(main_ident or 0)  # noqa: SLF001 - the way to read a thread's stack
-                    stack_text = "".join(traceback.format_stack(frame)) if frame else "(no main thread)"
                     self._record_message(
                         logging.WARNING,
-                        f"no progress for {stalled_ns / 1e9:.0f}s; main thread stack attached",
-                        exc_text=stack_text,
+                        f"no progress for {stalled_ns / 1e9:.0f}s; main thread stack attached"
+                        + (f" (in {coll[0]} #{coll[2]}, group {coll[1]})" if coll is not None else ""),
+                        exc_text=_scene(main_ident, self._flight_recorder_path()),
                     )
                 attach_to_loggers(self.handler)
             except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any bug
                 _stderr(f"heartbeat error: {exc}")
+
+
+def _scene(main_ident: int | None, fr_path: str | None) -> str:
+    """What a stalled rank is doing, while it still is: every Python thread's stack (the main thread's first),
+    and the Flight Recorder's buffer written to ``fr_path`` where torch keeps one (its path is named)."""
+    frames = sys._current_frames()  # noqa: SLF001 - the way to read other threads' stacks
+    names = {t.ident: t.name for t in threading.enumerate()}
+    order = sorted(frames, key=lambda ident: (ident != main_ident, names.get(ident, "")))
+    parts = []
+    for ident in order:
+        label = "main thread" if ident == main_ident else f"thread {names.get(ident, ident)!s}"
+        parts.append(f"--- {label} ---\n" + "".join(traceback.format_stack(frames[ident])))
+    text = "".join(parts) if parts else "(no threads)"
+    if fr_path is not None:
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace_json  # torch's own dump, as on a timeout
+
+            data = _dump_fr_trace_json(includeCollectives=True)
+            with open(fr_path, "w", encoding="utf-8") as fh:
+                fh.write(data if isinstance(data, str) else data.decode())
+            text += f"--- Flight Recorder buffer written to {fr_path} ---\n"
+        except Exception as exc:  # noqa: BLE001 - no buffer (no collectives yet, an old torch): the stacks still say it
+            text += f"--- no Flight Recorder buffer: {type(exc).__name__} ---\n"
+    return text
 
 
 def make_recorder(identity: Identity, native: bool | None = None) -> TraceRecorder:
@@ -445,9 +481,9 @@ def init_tracing(
         data_dir: embedded store directory (default ``$JOBTRACE_DATA_DIR`` or ``./jobtrace-data``).
         sinks: replace the embedded store with these sinks (e.g. a Loki shipper).
         level: lowest stdlib logging level captured (default INFO).
-        heartbeat_s: seconds between heartbeats (default ``$JOBTRACE_HEARTBEAT_S`` or 10).
+        heartbeat_s: seconds between heartbeats (default ``$JOBTRACE_HEARTBEAT_S`` or 2).
         stall_dump_s: seconds without progress before the main thread's stack is recorded
-            (default ``$JOBTRACE_STALL_DUMP_S`` or 60).
+            (default ``$JOBTRACE_STALL_DUMP_S`` or 10).
         memory_interval_s: least seconds between two host RSS samples at step ends (default
             ``$JOBTRACE_MEMORY_INTERVAL_S`` or 0.1; 0 samples every step). CUDA counters are
             read every step: unlike RSS they need no system call.
@@ -506,6 +542,7 @@ def init_tracing(
             redact=redactor,
             collectives=settings.collectives,
             auto_steps=settings.auto_steps,
+            data_dir=(data_dir or settings.data_dir) if sinks is None and settings.local_store else None,
             integrations=settings.integrations,
         )
         _publish(_active.recorder)

@@ -6,17 +6,21 @@
 
 from __future__ import annotations
 
+from ._alerts import Webhook, alertmanager_payload, slack_payload
 from ._analysis import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, analyze
 from ._backends import BACKENDS, TimeRange, load_job
 from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_flight_recorder
 from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
+from ._live import Alert, LiveConfig, LiveState
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
+from ._tail import LocalTail
 from ._timeline import timeline_data, write_perfetto, write_timeline_html
 from ._trace import TraceOptions, mark_golden, trace_job
 
 __all__ = [
+    "Alert",
     "AnalysisConfig",
     "BACKENDS",
     "EventRef",
@@ -24,13 +28,18 @@ __all__ = [
     "GoldenProfile",
     "JobData",
     "LinkConfig",
+    "LiveConfig",
+    "LiveState",
+    "LocalTail",
     "NodeSummary",
     "RankSummary",
     "ReadStats",
     "Report",
     "TimeRange",
     "TraceOptions",
+    "Webhook",
     "add_flight_recorder",
+    "alertmanager_payload",
     "analyze",
     "attach_links",
     "compare_to_golden",
@@ -52,6 +61,7 @@ __all__ = [
     "profile_job",
     "read_flight_recorder",
     "save_golden",
+    "slack_payload",
     "timeline_data",
     "trace_job",
     "write_perfetto",

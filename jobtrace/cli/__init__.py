@@ -2,7 +2,7 @@
 
 One module per command group: :mod:`.trace` (``trace-job``, ``jobtrace trace``),
 :mod:`.ingest`, :mod:`.store` (``jobs``, ``export``, ``replay``), :mod:`.golden`,
-:mod:`.setup` and :mod:`.demo`. :mod:`.exitcodes` maps every error to the exit code
+:mod:`.setup`, :mod:`.demo` and :mod:`.watch`. :mod:`.exitcodes` maps every error to the exit code
 it ends a command with, the same for every command:
 
     0    healthy, or done: no problem found, everything sent
@@ -26,6 +26,7 @@ from .options import version_option
 from .setup import setup
 from .store import export, jobs, replay
 from .trace import trace_job, trace_job_main
+from .watch import watch
 
 __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_PROBLEM", "EXIT_USAGE", "main", "trace_job",
            "trace_job_main"]
@@ -43,5 +44,5 @@ def main() -> None:
 
 
 for _command, _name in ((trace_job, "trace"), (ingest_command, "ingest"), (setup, "setup"), (replay, "replay"),
-                        (export, "export"), (jobs, "jobs"), (golden, "golden"), (demo, "demo")):
+                        (export, "export"), (jobs, "jobs"), (golden, "golden"), (demo, "demo"), (watch, "watch")):
     main.add_command(_command, name=_name)

@@ -1,0 +1,186 @@
+"""``jobtrace watch`` on real gloo jobs while they run: a hang named with its culprit before anyone stops
+the job, a frozen rank, a killed rank, a NaN loss, the webhook into a real Alertmanager, and no alert
+at all on a healthy job with a CPU hog on each core.
+
+The jobs are the demo's training script under torchrun, started here and left running (``run_job``
+would stop a hung job itself); the watcher is the real command, a second process, reading the store
+the ranks write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+pytest.importorskip("torch", reason="the jobs are torch.distributed jobs")
+
+from tests.servers.base import free_port
+
+pytestmark = pytest.mark.torchjob
+
+
+class Job:
+    """The demo's training script under torchrun, in its own process group."""
+
+    def __init__(self, data: Path, job: str, ranks: int, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBTRACE_")}
+        env.update(JOBTRACE_JOB_ID=job, JOBTRACE_DATA_DIR=str(data), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.dir = data / job
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+             "-m", "jobtrace.demo.train", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def pid_of(self, rank: int, timeout: float = 120) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for path in self.dir.glob(f"*.r{rank}.p*.jsonl"):
+                return int(re.search(r"\.p(\d+)\.jsonl$", path.name).group(1))  # type: ignore[union-attr]
+            time.sleep(0.2)
+        raise AssertionError(f"rank {rank} never started")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=15)
+
+
+class Watcher:
+    """``jobtrace watch --json``; each alert line kept with the moment it arrived."""
+
+    def __init__(self, data: Path, job: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jobtrace.cli", "watch", job, "--data-dir", str(data), "--json", "--interval", "0.5",
+             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.alerts: list[tuple[float, dict]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.alerts.append((time.monotonic(), json.loads(line)))
+
+    def wait_for(self, kind: str, state: str = "firing", timeout: float = 90) -> tuple[float, dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, a in self.alerts:
+                if a["kind"] == kind and a["state"] == state:
+                    return t, a
+            time.sleep(0.2)
+        raise AssertionError(f"no {state} {kind} alert in {timeout}s: {[a for _, a in self.alerts]}")
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+        self._reader.join(timeout=10)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        pytest.skip("needs Alertmanager (Debian's prometheus-alertmanager)")
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+    port, cluster = free_port(), free_port()
+    proc = subprocess.Popen([binary, f"--config.file={conf}", f"--storage.path={tmp_path / 'am'}",
+                             f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/-/ready", timeout=1).ok:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        raise AssertionError("Alertmanager did not start")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=15)
+
+
+def test_a_hang_is_named_with_its_culprit_while_the_job_still_hangs(tmp_path, alertmanager):
+    job = Job(tmp_path, "hang", 4, "--steps", "400", "--hang-rank", "1", "--hang-step", "15")
+    try:
+        watcher = Watcher(tmp_path, "hang", "--webhook", alertmanager + "/api/v2/alerts", "--timeout", "120")
+        arrived, alert = watcher.wait_for("hang")
+        assert job.proc.poll() is None  # the job is still there, hung
+        assert alert["ranks"] == [1] and alert["evidence"]["waiting"] == [0, 2, 3]
+        assert alert["evidence"]["op"] == "all_reduce" and "injected hang" in " ".join(
+            alert["evidence"]["doing"]["1"]["last_logs"])
+        assert "in phase 'forward'" in alert["summary"]
+        # the same alert, in Alertmanager's own API (labels from jobtrace's payload)
+        deadline = time.monotonic() + 20
+        found = []
+        while time.monotonic() < deadline and not found:
+            found = [a for a in requests.get(alertmanager + "/api/v2/alerts", timeout=5).json()
+                     if a["labels"].get("alertname") == "jobtrace_hang"]
+            time.sleep(0.5)
+        assert found and found[0]["labels"]["ranks"] == "1" and found[0]["labels"]["job"] == "hang"
+        assert "never joined: rank 1" in found[0]["annotations"]["summary"] and found[0]["status"]["state"] == "active"
+    finally:
+        job.stop()
+    assert watcher.finish() == 1
+
+
+def test_a_frozen_rank_is_silent_until_it_thaws_and_a_killed_one_died(tmp_path):
+    job = Job(tmp_path, "freeze", 3, "--steps", "4000", "--nan-step", "3", "--nan-rank", "0")
+    try:
+        watcher = Watcher(tmp_path, "freeze", "--silent-after", "6", "--timeout", "150")
+        _, nan = watcher.wait_for("nan_loss")
+        assert nan["ranks"] == [0] and nan["evidence"]["step"] == 3
+        pid = job.pid_of(2)
+        time.sleep(3)
+        os.kill(pid, signal.SIGSTOP)  # frozen: not even its heartbeat thread runs
+        _, silent = watcher.wait_for("silent")
+        assert silent["ranks"] == [2] and "not even a heartbeat" in silent["summary"]
+        os.kill(pid, signal.SIGCONT)
+        watcher.wait_for("silent", "resolved")
+        os.kill(pid, signal.SIGKILL)
+        _, died = watcher.wait_for("rank_died")
+        assert 2 in died["ranks"]
+    finally:
+        job.stop()
+    assert watcher.finish() == 1
+
+
+def test_a_healthy_job_on_a_loaded_machine_raises_no_alert(tmp_path):
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        job = Job(tmp_path, "healthy", 4, "--steps", "150")
+        watcher = Watcher(tmp_path, "healthy", "--timeout", "240")
+        code = watcher.finish(timeout=260)
+        job.stop()
+    finally:
+        for h in hogs:
+            h.kill()
+    assert [a for _, a in watcher.alerts] == [] and code == 0
