@@ -85,6 +85,7 @@ class _Rank:
     step: int | None = None
     stopped: bool = False
     failure: str | None = None
+    terminated: int | None = None  # when it reported a SIGTERM/SIGINT (a launcher tearing the job down)
     done: dict[str, int] = field(default_factory=dict)  # group -> the highest seq completed
     sizes: dict[str, int] = field(default_factory=dict)  # group -> its size
     steps: dict[int, list[int]] = field(default_factory=dict)  # step -> [step ns, collective ns]
@@ -198,8 +199,10 @@ class LiveState:
         if logger.startswith("jobtrace"):
             if msg.startswith("no progress for") and e.get("exc"):
                 r.scene = str(e["exc"])
-            elif msg.startswith(("uncaught exception", "received SIG")):
+            elif msg.startswith("uncaught exception"):
                 r.failure = msg + (f": {str(e['exc']).strip().splitlines()[-1]}" if e.get("exc") else "")
+            elif msg.startswith("received SIG"):  # stopped from outside: a consequence, unless nothing else died
+                r.terminated = ts
             return
         r.logs.append(f"{e.get('level') or ''} {logger}: {msg}"[:300])
         r.last_progress = max(r.last_progress, ts)
@@ -230,7 +233,7 @@ class LiveState:
             return False
         world = max((r.world or 0) for r in self.ranks.values()) or len(self.ranks)
         after = self.cfg.silent_after_s * 1e9
-        ended = sum(1 for r in self.ranks.values() if r.stopped or r.failure is not None
+        ended = sum(1 for r in self.ranks.values() if r.stopped or r.failure is not None or r.terminated is not None
                     or (now_ns - r.last_ts >= after and self._process_gone(r)))
         return len(self.ranks) >= world and ended >= world
 
@@ -244,18 +247,20 @@ class LiveState:
 
     def _hangs(self, now: int) -> list[Alert]:
         after = self.cfg.hang_after_s * 1e9
-        waiting: dict[str, dict[int, dict[str, Any]]] = {}
+        waiting: dict[str, dict[int, dict[str, Any]]] = {}  # every rank in a collective now, however long
         for r in self.ranks.values():
             b = r.beat
             if not b or not b.get("in_op") or r.stopped or r.beat_ts < r.last_progress:
                 continue
             age = (b.get("op_age_ms") or 0) * 1_000_000 + (now - r.beat_ts)
-            if age >= after:
-                waiting.setdefault(str(b.get("in_group") or "default"), {})[r.rank] = {**b, "age_ns": age}
+            waiting.setdefault(str(b.get("in_group") or "default"), {})[r.rank] = {**b, "age_ns": age}
         out = []
         for group, ranks in waiting.items():
-            seq = Counter(w.get("in_seq") for w in ranks.values()).most_common(1)[0][0]
-            at = {k: w for k, w in ranks.items() if w.get("in_seq") == seq}
+            long = {k: w for k, w in ranks.items() if w["age_ns"] >= after}
+            if not long:
+                continue
+            seq = Counter(w.get("in_seq") for w in long.values()).most_common(1)[0][0]
+            at = {k: w for k, w in ranks.items() if w.get("in_seq") == seq}  # the late-comers to it as well
             op = Counter(w.get("in_op") for w in at.values()).most_common(1)[0][0]
             members = self._members(group) | set(at)
             missing = sorted(m for m in members - set(at)
@@ -288,6 +293,8 @@ class LiveState:
             parts.append(f"in {b.get('in_cat') or 'span'} '{b['in_span']}' for {age:.0f}s")
         if b.get("last_op"):
             parts.append(f"last completed {b['last_op']} #{b.get('last_seq')} (group {b.get('last_group')})")
+        if r.beat_ts and now - r.beat_ts > 5e9:  # its heartbeat thread stopped too: frozen, or the GIL held
+            parts.append(f"no heartbeat for {(now - r.beat_ts) / 1e9:.0f}s")
         if r.step is not None:
             parts.append(f"at step {r.step}")
         return {"summary": ", ".join(parts) or "no heartbeat yet", "last_logs": list(r.logs),
@@ -296,8 +303,18 @@ class LiveState:
     def _silences(self, now: int) -> list[Alert]:
         out = []
         after = self.cfg.silent_after_s * 1e9
+        torn = [r.terminated for r in self.ranks.values() if r.terminated is not None]
+        teardown = min(torn) if torn else None
         for r in self.ranks.values():
-            if r.stopped:
+            if r.stopped or r.terminated is not None:
+                continue
+            if teardown is not None and r.failure is None and teardown - r.last_ts > 2e9:
+                # The launcher is stopping the job, and this rank had gone quiet before: it is why.
+                out.append(Alert(f"died:{r.rank}", "rank_died", "critical",
+                                 f"rank {r.rank} on {r.node} died: nothing from it for {(teardown - r.last_ts) / 1e9:.0f}s "
+                                 f"before the launcher stopped the other ranks (no exit record: killed, or crashed "
+                                 f"in native code) at step {r.step}", [r.rank],
+                                 {"last_logs": list(r.logs), "step": r.step, "stacks": r.scene}))
                 continue
             if r.failure is not None:
                 out.append(Alert(f"died:{r.rank}", "rank_died", "critical",

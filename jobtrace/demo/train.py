@@ -6,7 +6,9 @@ Run by ``jobtrace demo`` under torchrun (gloo, CPU). Faults are injected on purp
 * ``--stall-rank`` sleeps ``--stall-s`` once, in the forward pass of ``--stall-step``;
 * ``--data-rank`` sleeps ``--data-ms`` in every data phase (a slow data loader);
 * ``--hang-rank`` stops forever in the forward pass at ``--hang-step`` (the others then
-  block in all_reduce);
+  block in all_reduce); ``--freeze-rank`` does the same holding the GIL (a C sleep that never
+  lets go of it: its heartbeat thread stops too), and ``--kill-rank`` sends itself SIGKILL there;
+  ``--inject-log`` appends the moment of each (JSON lines) to a file, written before the fault;
 * ``--mismatch-rank`` calls all_gather where the others call all_reduce at
   ``--mismatch-step`` (the job hangs in mismatched collectives);
 * ``--nan-step`` makes ``--nan-rank``'s loss NaN from that step;
@@ -51,6 +53,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=40.0)
     p.add_argument("--hang-rank", type=int, default=None)
     p.add_argument("--hang-step", type=int, default=8)
+    p.add_argument("--freeze-rank", type=int, default=None)
+    p.add_argument("--kill-rank", type=int, default=None)
+    p.add_argument("--inject-log", default=None)
     p.add_argument("--nan-step", type=int, default=None)
     p.add_argument("--nan-rank", type=int, default=0)
     p.add_argument("--stall-rank", type=int, default=None)
@@ -125,6 +130,29 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad
 
 
+def _inject(args: argparse.Namespace, rank: int, step: int) -> None:
+    """The hang, freeze or kill of ``rank`` at ``step``, its moment written first (``--inject-log``)."""
+    kind = "hang" if rank == args.hang_rank else "freeze" if rank == args.freeze_rank else "kill"
+    log.warning("rank %d: injected %s at step %d", rank, kind, step)
+    if args.inject_log:
+        import json
+
+        with open(args.inject_log, "a") as fh:
+            fh.write(json.dumps({"rank": rank, "kind": kind, "step": step, "ts": time.time_ns()}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    if kind == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "freeze":
+        import ctypes
+
+        ctypes.PyDLL(None).sleep(10**6)  # PyDLL keeps the GIL through the call: no Python thread runs
+    while True:
+        time.sleep(1)
+
+
 def _unmarked(*_a: object) -> contextlib.nullcontext[None]:
     """What ``oi.step``/``oi.phase`` stand in for under ``--no-marks``."""
     return contextlib.nullcontext()
@@ -194,10 +222,8 @@ def main(argv: list[str] | None = None) -> None:
                 x = torch.randn(args.batch, 64)
                 y = x[:, :1] * 0.5 + 0.1 * torch.randn(args.batch, 1)
             with phase("forward"):
-                if rank == args.hang_rank and i == args.hang_step:
-                    log.warning("rank %d: injected hang at step %d", rank, i)
-                    while True:
-                        time.sleep(1)
+                if i == args.hang_step and rank in (args.hang_rank, args.freeze_rank, args.kill_rank):
+                    _inject(args, rank, i)
                 if rank in args.slow_rank:
                     time.sleep(args.slow_ms / 1000)
                 if rank == args.stall_rank and i == args.stall_step:

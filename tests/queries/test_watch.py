@@ -184,3 +184,23 @@ def test_a_healthy_job_on_a_loaded_machine_raises_no_alert(tmp_path):
         for h in hogs:
             h.kill()
     assert [a for _, a in watcher.alerts] == [] and code == 0
+
+
+def test_ranks_that_came_late_to_the_collective_are_waiting_not_missing():
+    """Found by bench_live.py: rank 0 had waited 8 s, ranks 1 and 3 a moment less; they were named as never
+    having joined. The heartbeats are the shape a 4-rank job's are (2 s apart, ages in ms)."""
+    from queries import LiveConfig, LiveState
+
+    now = 100 * 10**9
+    beat = lambda rank, age_ms, seq: {"ts": now - 10**9, "kind": "heartbeat", "rank": rank, "world": 4, "node": "n",
+                                      "attrs": {"in_op": "all_reduce", "in_group": "default", "in_seq": seq,
+                                                "op_age_ms": age_ms, "in_span": "optimizer", "in_cat": "phase"}}
+    done = lambda rank, seq: {"ts": now - 10 * 10**9, "kind": "span", "rank": rank, "world": 4, "node": "n",
+                              "cat": "collective", "name": "all_reduce", "start": now - 11 * 10**9, "dur": 10**9,
+                              "attrs": {"group": "default", "seq": seq, "group_size": 4}}
+    state = LiveState(LiveConfig(hang_after_s=8))
+    state.feed([done(r, 26) for r in range(4)] + [beat(0, 7500, 27), beat(1, 6500, 27), beat(3, 6000, 27),
+                                                   {**beat(2, 0, 0), "attrs": {"in_span": "forward", "in_cat": "phase",
+                                                                                "span_age_ms": 7600}}])
+    fired, _ = state.evaluate(now)
+    assert [(a.kind, a.ranks, a.evidence["waiting"]) for a in fired] == [("hang", [2], [0, 1, 3])]
