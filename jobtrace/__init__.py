@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Tracing", "__version__", "get_tracing", "init_tracing", "log_metrics", "phase", "span", "step"]
+__all__ = ["Tracing", "__version__", "get_tracing", "guard", "init_tracing", "log_metrics", "phase", "span", "step"]
 
-_INSTRUMENTATION = ("Tracing", "get_tracing", "init_tracing", "log_metrics", "phase", "span", "step")
+_INSTRUMENTATION = ("Tracing", "get_tracing", "guard", "init_tracing", "log_metrics", "phase", "span", "step")
 """The names this module takes from otel_instrumentation when one is first asked for."""
 
 if TYPE_CHECKING:
-    from otel_instrumentation import Tracing, get_tracing, init_tracing, log_metrics, phase, span, step
+    from otel_instrumentation import Tracing, get_tracing, guard, init_tracing, log_metrics, phase, span, step
 
 
 def __getattr__(name: str) -> Any:

@@ -19,14 +19,17 @@ import sys
 
 from jobtrace.identity import Identity, resolve_identity, trace_id_for_job
 
+from ._guard import GUARD_EXIT
 from ._logging import TraceContextFilter
-from ._setup import Tracing, get_tracing, init_tracing, log_metrics, phase, publish_entry_points_on, span, step
+from ._setup import Tracing, get_tracing, guard, init_tracing, log_metrics, phase, publish_entry_points_on, span, step
 
 __all__ = [
+    "GUARD_EXIT",
     "Identity",
     "TraceContextFilter",
     "Tracing",
     "get_tracing",
+    "guard",
     "init_tracing",
     "log_metrics",
     "phase",

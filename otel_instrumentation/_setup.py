@@ -50,6 +50,7 @@ from ._recorder import Recorder, TraceRecorder
 
 if TYPE_CHECKING:
     from ._autostep import AutoSteps
+    from ._guard import Guard
     from ._torch import CollectiveSource
 
 __all__ = ["Tracing", "get_tracing", "init_tracing", "log_metrics", "phase", "publish_entry_points_on", "span", "step"]
@@ -671,6 +672,26 @@ def phase(name: str, **attrs: Any) -> AbstractContextManager[Any]:
 def span(name: str, **attrs: Any) -> AbstractContextManager[Any]:
     t = _active
     return t.new_span(name, SpanCategory.USER, None, attrs or None) if t is not None else _NULL_SPAN
+
+
+def guard(*, grad_norm_max: float | None = None, on: str = "clip", nan: str | None = "stop",
+          checkpoint: Callable[[int | None], Any] | None = None, pause_file: str | None = None,
+          batch_ids: Callable[[], Any] | None = None) -> Guard:
+    """Act on NaN or exploding gradients at every optimizer step, the same way on every rank (``_guard``).
+
+    ``on`` (a norm above ``grad_norm_max``) and ``nan`` (NaN/Inf gradients): ``clip``, ``skip``, ``pause``
+    (until ``pause_file`` is removed) or ``stop`` (``checkpoint(step)``, then exit with status 65).
+    Call after :func:`init_tracing`; returns the guard (``.actions`` says what it did, ``.remove()``).
+    """
+    from ._guard import Guard
+
+    t = _active
+    if t is None:
+        raise ConfigError("guard(): call init_tracing() first")
+    g = Guard(t.recorder, grad_norm_max=grad_norm_max, on=on, nan=nan, checkpoint=checkpoint, pause_file=pause_file,
+              batch_ids=batch_ids, on_stop=t.shutdown)
+    t._undo.append(g.remove)  # noqa: SLF001 - the handle's own list of what to undo at shutdown
+    return g.install()
 
 
 def log_metrics(step: int | None = None, **values: Any) -> None:
