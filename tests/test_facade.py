@@ -9,7 +9,7 @@ import jobtrace
 import otel_instrumentation
 from tests.conftest import PYTHON, python_env
 
-NAMES = ("init_tracing", "step", "phase", "span", "log_metrics", "get_tracing", "Tracing")
+NAMES = ("init_tracing", "step", "phase", "span", "log_metrics", "get_tracing", "Tracing", "guard")
 
 
 def run(code: str, tmp_path) -> str:
