@@ -15,7 +15,7 @@ from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discov
 from ._live import Alert, LiveConfig, LiveState
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
-from ._tail import LocalTail
+from ._tail import LocalTail, VictoriaLogsTail
 from ._timeline import timeline_data, write_perfetto, write_timeline_html
 from ._trace import TraceOptions, mark_golden, trace_job
 
@@ -37,6 +37,7 @@ __all__ = [
     "Report",
     "TimeRange",
     "TraceOptions",
+    "VictoriaLogsTail",
     "Webhook",
     "add_flight_recorder",
     "alertmanager_payload",

@@ -18,6 +18,11 @@ __all__ = ["watch"]
 
 @click.command(cls=Command)
 @click.argument("job_id")
+@click.option("--backend", type=click.Choice(["local", "victorialogs"]), default="local", show_default=True,
+              help="Where the job's events are: the embedded store, or VictoriaLogs (JOBTRACE_VL_URL).")
+@click.option("--url", default=None, help="The server's URL (default JOBTRACE_VL_URL).")
+@click.option("--lookback", type=click.FloatRange(2), default=30.0, show_default=True,
+              help="Seconds of a server's recent events read on each poll (ranks' events arrive out of order).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--interval", type=click.FloatRange(0.1, 60), default=1.0, show_default=True,
               help="Seconds between two reads of the job's new events.")
@@ -35,9 +40,9 @@ __all__ = ["watch"]
 @click.option("--webhook-format", type=click.Choice(["alertmanager", "slack"]), default="alertmanager",
               show_default=True, help="alertmanager: its /api/v2/alerts list; slack: an incoming webhook's text.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line per alert that fires or clears.")
-def watch(job_id: str, data_dir: str, interval: float, hang_after: float, silent_after: float, slow_factor: float,
+def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir: str, interval: float, hang_after: float, silent_after: float, slow_factor: float,
           wait_for_job: float, timeout: float, webhook: str | None, webhook_format: str, as_json: bool) -> None:
-    """Follow a running job in the embedded store and alert as soon as something is wrong with it.
+    """Follow a running job (the embedded store, or VictoriaLogs) and alert as soon as something is wrong with it.
 
     Alerts: a hang (ranks wait in a collective that a rank never joined: that rank, and what it is
     doing), a silent or dead rank, a straggler, NaN/Inf loss, a loss spike, a grad-norm explosion.
@@ -54,19 +59,21 @@ def watch(job_id: str, data_dir: str, interval: float, hang_after: float, silent
     """
     from rich.console import Console
 
-    from queries import LiveConfig, LiveState, LocalTail, Webhook
+    from queries import LiveConfig, LiveState, LocalTail, VictoriaLogsTail, Webhook
 
     console = Console(stderr=as_json, highlight=False)
-    tail = LocalTail(data_dir, job_id)
+    tail: LocalTail | VictoriaLogsTail = (LocalTail(data_dir, job_id) if backend == "local"
+                                          else VictoriaLogsTail(job_id, url, lookback_s=lookback))
+    where = data_dir if backend == "local" else "VictoriaLogs"
     state = LiveState(LiveConfig(hang_after_s=hang_after, silent_after_s=silent_after, slow_factor=slow_factor,
                                  local_host=socket.gethostname()))
     hook = Webhook(webhook, webhook_format, job_id) if webhook else None
     start = time.monotonic()
     while not tail.exists():
         if time.monotonic() - start > wait_for_job:
-            raise JobNotFound(f"no events of job {job_id!r} in {data_dir} after {wait_for_job:g}s")
+            raise JobNotFound(f"no events of job {job_id!r} in {where} after {wait_for_job:g}s")
         time.sleep(min(interval, 1.0))
-    console.print(f"watching {job_id} in {data_dir}" + (f"; alerts also to the {hook.describe()}" if hook else ""))
+    console.print(f"watching {job_id} in {where}" + (f"; alerts also to the {hook.describe()}" if hook else ""))
     try:
         while True:
             state.feed(tail.read())

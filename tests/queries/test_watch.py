@@ -33,9 +33,10 @@ pytestmark = pytest.mark.torchjob
 class Job:
     """The demo's training script under torchrun, in its own process group."""
 
-    def __init__(self, data: Path, job: str, ranks: int, *args: str) -> None:
+    def __init__(self, data: Path, job: str, ranks: int, *args: str, env_extra: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBTRACE_")}
-        env.update(JOBTRACE_JOB_ID=job, JOBTRACE_DATA_DIR=str(data), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env.update(JOBTRACE_JOB_ID=job, JOBTRACE_DATA_DIR=str(data), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                   **(env_extra or {}))
         self.dir = data / job
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
@@ -68,9 +69,10 @@ class Watcher:
     """``jobtrace watch --json``; each alert line kept with the moment it arrived."""
 
     def __init__(self, data: Path, job: str, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBTRACE_")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jobtrace.cli", "watch", job, "--data-dir", str(data), "--json", "--interval", "0.5",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.alerts: list[tuple[float, dict]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -147,6 +149,23 @@ def test_a_hang_is_named_with_its_culprit_while_the_job_still_hangs(tmp_path, al
             time.sleep(0.5)
         assert found and found[0]["labels"]["ranks"] == "1" and found[0]["labels"]["job"] == "hang"
         assert "never joined: rank 1" in found[0]["annotations"]["summary"] and found[0]["status"]["state"] == "active"
+    finally:
+        job.stop()
+    assert watcher.finish() == 1
+
+
+@pytest.mark.servers
+def test_a_hang_is_named_from_victorialogs_while_the_job_still_hangs(tmp_path, victorialogs):
+    """The ranks ship to a real VictoriaLogs only (no embedded store); the watcher reads the server."""
+    job = Job(tmp_path, "vl-hang", 4, "--steps", "400", "--hang-rank", "2", "--hang-step", "12",
+              env_extra={"JOBTRACE_LOKI_URL": victorialogs.url + "/insert/loki", "JOBTRACE_LOCAL": "0"})
+    try:
+        watcher = Watcher(tmp_path, "vl-hang", "--backend", "victorialogs", "--url", victorialogs.url,
+                          "--timeout", "120")
+        _, alert = watcher.wait_for("hang")
+        assert job.proc.poll() is None
+        assert alert["ranks"] == [2] and alert["evidence"]["waiting"] == [0, 1, 3]
+        assert not list((tmp_path / "vl-hang").glob("*.jsonl"))  # no embedded store: the server's events alone
     finally:
         job.stop()
     assert watcher.finish() == 1
