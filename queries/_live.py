@@ -49,6 +49,8 @@ class LiveConfig:
     min_slow_ms: float = 5.0
     """A straggler's compute must also be this much above the median's: milliseconds of noise are not one."""
     spike_factor: float = 10.0
+    nan_grace_s: float = 3.0
+    """Seconds a NaN grad norm waits for the NaN loss that caused it (another rank's line may be on its way)."""
     local_host: str | None = None
     """This machine's name: a silent rank here whose process is gone has died (elsewhere it is only silent)."""
 
@@ -108,6 +110,7 @@ class LiveState:
         self.active: dict[str, Alert] = {}
         self.fired = 0
         self.events = 0
+        self._nan_seen: int | None = None  # when a non-finite grad norm was first seen
 
     # ---- feeding ---------------------------------------------------------------------------------
     def feed(self, events: list[dict[str, Any]]) -> None:
@@ -211,7 +214,7 @@ class LiveState:
     def evaluate(self, now_ns: int) -> tuple[list[Alert], list[Alert]]:
         """The alerts that began and those that cleared since the last call, at ``now_ns``."""
         current: dict[str, Alert] = {}
-        for alert in self._hangs(now_ns) + self._silences(now_ns) + self._stragglers() + self._health():
+        for alert in self._hangs(now_ns) + self._silences(now_ns) + self._stragglers() + self._health(now_ns):
             current.setdefault(alert.key, alert)
         fired = [a for k, a in current.items() if k not in self.active]
         cleared = [a for k, a in self.active.items() if k not in current]
@@ -359,14 +362,19 @@ class LiveState:
                                  {"compute_ms": round(c / 1e6, 3), "median_ms": round(ref / 1e6, 3)}))
         return out
 
-    def _health(self) -> list[Alert]:
+    def _health(self, now: int) -> list[Alert]:
         out = []
         # One alert for the job: the gradient all-reduce spreads one rank's NaN to every rank's grad norm (the
         # same step) and loss (the next). The culprit is the first rank whose own loss went non-finite; only
         # where no loss did, the first grad norm.
+        if any(r.nan_loss or r.nan_norm for r in self.ranks.values()):
+            # Ranks write once a second each and may be steps apart: the rank whose loss began it may not have
+            # shipped its line yet when the others' NaNs arrive. Wait a few seconds, then judge by step.
+            self._nan_seen = self._nan_seen or now
+        waited = self._nan_seen is not None and now - self._nan_seen >= self.cfg.nan_grace_s * 1e9
         for attr in ("nan_loss", "nan_norm"):
             nans = {r.rank: getattr(r, attr) for r in self.ranks.values() if getattr(r, attr) is not None}
-            if not nans:
+            if not nans or not waited:
                 continue
             steps = [s for s, _ in nans.values() if s is not None]
             first = min(steps) if steps else None
