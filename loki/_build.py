@@ -17,7 +17,7 @@ from typing import Any
 
 from . import ASSETS, QueryLibrary, library
 
-__all__ = ["DASHBOARDS", "LOKI_DS", "TRACE_DS", "build", "check", "rules_yaml", "write"]
+__all__ = ["DASHBOARDS", "LOKI_DS", "TRACE_DS", "build", "check", "rules_yaml", "vlogs_rules_yaml", "write"]
 
 LOKI_DS = {"type": "loki", "uid": "jobtrace-loki"}
 TRACE_DS = {"type": "tempo", "uid": "jobtrace-tempo"}
@@ -176,10 +176,35 @@ def rules_yaml(lib: QueryLibrary | None = None) -> str:
     return header + yaml.safe_dump(doc, sort_keys=False, width=10_000, allow_unicode=True)
 
 
+def vlogs_rules_yaml(lib: QueryLibrary | None = None, *, interval: str = "30s",
+                     overrides: dict[str, dict[str, Any]] | None = None) -> str:
+    """vmalert's rule file for VictoriaLogs (``type: vlogs`` groups, LogsQL ``stats`` expressions): the library's
+    alerts that have a LogsQL form. ``overrides``: per alert name, parameter values to use instead."""
+    import yaml
+
+    lib = lib or library()
+    rules = []
+    for a in lib.alerts:
+        expr = a.logsql_expr(**(overrides or {}).get(a.alert, {}))
+        if expr is None:
+            continue
+        rules.append({
+            "alert": a.alert, "expr": expr, "for": a.for_,
+            "labels": {"severity": a.severity, "source": "jobtrace"},
+            "annotations": {"summary": a.summary, "description": a.description},
+        })
+    doc = {"groups": [{"name": "jobtrace", "type": "vlogs", "interval": interval, "rules": rules}]}
+    header = ("# Generated from loki/queries.yaml by `python -m loki build`; edit the library, not this file.\n"
+              "# vmalert rules for VictoriaLogs: vmalert -rule=<this file> -datasource.url=http://victorialogs:9428\n"
+              "#   -notifier.url=http://alertmanager:9093 (tests/loki/test_vmalert.py runs them for real).\n")
+    return header + yaml.safe_dump(doc, sort_keys=False, width=10_000, allow_unicode=True)
+
+
 def build(lib: QueryLibrary | None = None) -> dict[Path, str]:
     """Every generated file, by path, with its content."""
     lib = lib or library()
-    out = {ASSETS / "rules" / "jobtrace-alerts.yaml": rules_yaml(lib)}
+    out = {ASSETS / "rules" / "jobtrace-alerts.yaml": rules_yaml(lib),
+           ASSETS / "rules" / "jobtrace-vlogs-alerts.yaml": vlogs_rules_yaml(lib)}
     for uid in DASHBOARDS:
         out[ASSETS / "grafana" / "dashboards" / f"{uid}.json"] = json.dumps(dashboard(uid, lib), indent=2) + "\n"
     return out

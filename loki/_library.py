@@ -111,6 +111,16 @@ class Alert:
     severity: str
     summary: str
     description: str
+    logsql: str | None = None
+    """The same alert for vmalert on VictoriaLogs: a LogsQL ``stats`` query (``{param}`` placeholders from
+    ``params`` and ``logsql_params``); every series it returns fires (its own ``filter`` pipe holds the threshold)."""
+    logsql_params: Mapping[str, Any] = field(default_factory=dict)
+
+    def logsql_expr(self, **overrides: Any) -> str | None:
+        if self.logsql is None:
+            return None
+        values = {**self.params, **self.logsql_params, **overrides}
+        return " ".join(self.logsql.format(**values).split())
 
 
 @dataclass
@@ -205,7 +215,8 @@ def _load(text: str) -> QueryLibrary:
     }
     alerts = [
         Alert(a["alert"], a["expr"], dict(a.get("params") or {}), str(a.get("for", "0m")), a["severity"],
-              a["summary"], " ".join(str(a.get("description", "")).split()))
+              a["summary"], " ".join(str(a.get("description", "")).split()), a.get("logsql"),
+              dict(a.get("logsql_params") or {}))
         for a in doc.get("alerts", [])
     ]
     return QueryLibrary(queries, params, alerts)

@@ -7,7 +7,8 @@ Run by ``jobtrace demo`` under torchrun (gloo, CPU). Faults are injected on purp
 * ``--data-rank`` sleeps ``--data-ms`` in every data phase (a slow data loader);
 * ``--hang-rank`` stops forever in the forward pass at ``--hang-step`` (the others then
   block in all_reduce); ``--freeze-rank`` does the same holding the GIL (a C sleep that never
-  lets go of it: its heartbeat thread stops too), and ``--kill-rank`` sends itself SIGKILL there;
+  lets go of it: its heartbeat thread stops too), ``--kill-rank`` sends itself SIGKILL there and
+  ``--oom-rank`` asks for a 4 PiB tensor (the CPU allocator's out-of-memory error, uncaught);
   ``--inject-log`` appends the moment of each (JSON lines) to a file, written before the fault;
 * ``--mismatch-rank`` calls all_gather where the others call all_reduce at
   ``--mismatch-step`` (the job hangs in mismatched collectives);
@@ -55,6 +56,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-step", type=int, default=8)
     p.add_argument("--freeze-rank", type=int, default=None)
     p.add_argument("--kill-rank", type=int, default=None)
+    p.add_argument("--oom-rank", type=int, default=None)
     p.add_argument("--inject-log", default=None)
     p.add_argument("--nan-step", type=int, default=None)
     p.add_argument("--nan-rank", type=int, default=0)
@@ -132,7 +134,8 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
 
 def _inject(args: argparse.Namespace, rank: int, step: int) -> None:
     """The hang, freeze or kill of ``rank`` at ``step``, its moment written first (``--inject-log``)."""
-    kind = "hang" if rank == args.hang_rank else "freeze" if rank == args.freeze_rank else "kill"
+    kind = ("hang" if rank == args.hang_rank else "freeze" if rank == args.freeze_rank
+            else "kill" if rank == args.kill_rank else "oom")
     log.warning("rank %d: injected %s at step %d", rank, kind, step)
     if args.inject_log:
         import json
@@ -141,6 +144,8 @@ def _inject(args: argparse.Namespace, rank: int, step: int) -> None:
             fh.write(json.dumps({"rank": rank, "kind": kind, "step": step, "ts": time.time_ns()}) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+    if kind == "oom":  # the allocator's own error, uncaught: the rank dies of it
+        torch.empty(2**50)
     if kind == "kill":
         import signal
 
@@ -222,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 x = torch.randn(args.batch, 64)
                 y = x[:, :1] * 0.5 + 0.1 * torch.randn(args.batch, 1)
             with phase("forward"):
-                if i == args.hang_step and rank in (args.hang_rank, args.freeze_rank, args.kill_rank):
+                if i == args.hang_step and rank in (args.hang_rank, args.freeze_rank, args.kill_rank, args.oom_rank):
                     _inject(args, rank, i)
                 if rank in args.slow_rank:
                     time.sleep(args.slow_ms / 1000)

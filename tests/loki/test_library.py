@@ -111,7 +111,7 @@ class TestGeneratedFiles:
         (group,) = doc["groups"]
         names = {r["alert"] for r in group["rules"]}
         assert names == {"JobtraceRankSilent", "JobtraceLossNaN", "JobtraceLossSpike", "JobtraceNcclTimeout",
-                         "JobtraceCudaOOM", "JobtraceStraggler"}
+                         "JobtraceCudaOOM", "JobtraceStraggler", "JobtraceStuckInCollective"}
         for r in group["rules"]:
             assert set(r) == {"alert", "expr", "for", "labels", "annotations"}
             assert re.fullmatch(r"\d+[smh]", r["for"]) and r["labels"]["severity"] in ("warning", "critical")
@@ -120,6 +120,24 @@ class TestGeneratedFiles:
         assert '[5m]' in silent and 'kind="heartbeat"' in silent
         straggler = next(r for r in group["rules"] if r["alert"] == "JobtraceStraggler")["expr"]
         assert "group_left 1.5 *" in straggler
+
+    def test_vlogs_rules_are_the_same_alerts_in_logsql(self):
+        """vmalert's file holds the library's alerts that have a LogsQL form, each a ``stats`` query
+        (tests/loki/test_vmalert.py runs them against a real VictoriaLogs)."""
+        from loki._build import vlogs_rules_yaml
+
+        doc = yaml.safe_load(vlogs_rules_yaml())
+        (group,) = doc["groups"]
+        assert group["type"] == "vlogs"
+        names = {r["alert"] for r in group["rules"]}
+        assert names == {"JobtraceRankSilent", "JobtraceStuckInCollective", "JobtraceLossNaN", "JobtraceCudaOOM"}
+        loki_rules = {r["alert"]: r for r in yaml.safe_load(rules_yaml())["groups"][0]["rules"]}
+        for r in group["rules"]:
+            assert "| stats " in r["expr"] and "$" not in r["expr"] and "{param" not in r["expr"]
+            assert r["annotations"] == loki_rules[r["alert"]]["annotations"]  # one alert, two languages
+        short = yaml.safe_load(vlogs_rules_yaml(overrides={"JobtraceRankSilent": {"silent": "10s"}}))
+        silent = next(r for r in short["groups"][0]["rules"] if r["alert"] == "JobtraceRankSilent")["expr"]
+        assert "_time:10s" in silent
 
 
 def _dashboards() -> dict[str, dict]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,6 @@ import requests
 
 pytest.importorskip("torch", reason="the jobs are torch.distributed jobs")
 
-from tests.servers.base import free_port
 
 pytestmark = pytest.mark.torchjob
 
@@ -100,34 +98,6 @@ class Watcher:
             self.proc.wait(timeout=15)
         self._reader.join(timeout=10)
         return self.proc.returncode
-
-
-@pytest.fixture
-def alertmanager(tmp_path):
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
-        pytest.skip("needs Alertmanager (Debian's prometheus-alertmanager)")
-    conf = tmp_path / "alertmanager.yml"
-    conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
-    port, cluster = free_port(), free_port()
-    proc = subprocess.Popen([binary, f"--config.file={conf}", f"--storage.path={tmp_path / 'am'}",
-                             f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url + "/-/ready", timeout=1).ok:
-                break
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    else:
-        proc.kill()
-        raise AssertionError("Alertmanager did not start")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=15)
 
 
 def test_a_hang_is_named_with_its_culprit_while_the_job_still_hangs(tmp_path, alertmanager):

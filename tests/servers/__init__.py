@@ -13,12 +13,14 @@ from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, SeenRequest
 from .victorialogs_server import VictoriaLogsServer
+from .vmalert_server import VmalertServer
 
 SERVERS: dict[str, type[ManagedServer]] = {
     "victorialogs": VictoriaLogsServer,
     "opensearch": OpenSearchServer,
     "jaeger": JaegerServer,
+    "vmalert": VmalertServer,
 }
 
 __all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "SeenRequest",
-           "ServerError", "VictoriaLogsServer", "cache_dir", "free_port"]
+           "ServerError", "VictoriaLogsServer", "VmalertServer", "cache_dir", "free_port"]

@@ -19,12 +19,17 @@ the flag is ignored: servers are mandatory in CI.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
-from .base import ManagedServer
+from .base import ManagedServer, free_port
 from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, HasAddress
@@ -120,3 +125,32 @@ def fault_proxy() -> Iterator[Callable[..., FaultProxy]]:
     yield make
     for proxy in made:
         proxy.stop()
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[str]:
+    """A real Alertmanager (Debian's prometheus-alertmanager) on loopback ports; its base URL."""
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        pytest.skip("needs Alertmanager (Debian's prometheus-alertmanager)")
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+    port, cluster = free_port(), free_port()
+    proc = subprocess.Popen([binary, f"--config.file={conf}", f"--storage.path={tmp_path / 'am'}",
+                             f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/-/ready", timeout=1).ok:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        raise AssertionError("Alertmanager did not start")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=15)
