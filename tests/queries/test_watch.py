@@ -193,3 +193,16 @@ def test_ranks_that_came_late_to_the_collective_are_waiting_not_missing():
                                                                                 "span_age_ms": 7600}}])
     fired, _ = state.evaluate(now)
     assert [(a.kind, a.ranks, a.evidence["waiting"]) for a in fired] == [("hang", [2], [0, 1, 3])]
+
+
+def test_a_straggler_is_named_while_the_job_runs(tmp_path):
+    job = Job(tmp_path, "slow", 4, "--steps", "4000", "--slow-rank", "2", "--slow-ms", "40")
+    try:
+        watcher = Watcher(tmp_path, "slow", "--timeout", "120")
+        _, alert = watcher.wait_for("straggler")
+        assert job.proc.poll() is None and alert["ranks"] == [2]
+        assert alert["evidence"]["compute_ms"] > 2 * alert["evidence"]["median_ms"]
+    finally:
+        job.stop()
+    watcher.finish()
+    assert {a["ranks"][0] for _, a in watcher.alerts if a["kind"] == "straggler" and a["state"] == "firing"} == {2}
