@@ -311,12 +311,15 @@ class LiveState:
         for r in self.ranks.values():
             if r.stopped or r.terminated is not None:
                 continue
-            if teardown is not None and r.failure is None and teardown - r.last_ts > 2e9:
+            gone = self._process_gone(r)
+            if r.failure is None and ((teardown is not None and (gone or teardown - r.last_ts > 2e9))
+                                      or (gone and now - r.last_ts > 2e9)):
                 # The launcher is stopping the job, and this rank had gone quiet before: it is why.
+                why = ("its process is gone" if gone or teardown is None else
+                       f"nothing from it for {(teardown - r.last_ts) / 1e9:.0f}s before the launcher stopped the others")
                 out.append(Alert(f"died:{r.rank}", "rank_died", "critical",
-                                 f"rank {r.rank} on {r.node} died: nothing from it for {(teardown - r.last_ts) / 1e9:.0f}s "
-                                 f"before the launcher stopped the other ranks (no exit record: killed, or crashed "
-                                 f"in native code) at step {r.step}", [r.rank],
+                                 f"rank {r.rank} on {r.node} died at step {r.step}: {why} (no exit record: killed, or "
+                                 "crashed in native code)", [r.rank],
                                  {"last_logs": list(r.logs), "step": r.step, "stacks": r.scene}))
                 continue
             if r.failure is not None:
@@ -327,7 +330,6 @@ class LiveState:
             quiet = now - r.last_ts
             if quiet < after:
                 continue
-            gone = self._process_gone(r)
             kind = "rank_died" if gone else "silent"
             what = "its process is gone" if gone else "not even a heartbeat (frozen, or its main thread holds the GIL)"
             out.append(Alert(f"{'died' if gone else 'silent'}:{r.rank}", kind, "critical",
