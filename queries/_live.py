@@ -14,7 +14,8 @@ store), and evaluates the rules after every batch:
   process frozen, or its main thread holding the GIL: heartbeats stop with it); **rank_died**
   when its process is gone (this host's ranks) or it reported an uncaught exception or a signal.
 * **straggler**: over the last ``window`` steps, a rank whose compute (step time less collective
-  wait) is ``slow_factor`` times the median rank's.
+  wait) is ``slow_factor`` times the median rank's, for 15 s on end (a busy machine deschedules a
+  healthy rank for a few steps now and then: measured by ``benchmarks/bench_live.py``).
 * **nan_loss**, **loss_spike** (``spike_factor`` times the median of the last ``window`` losses)
   and **grad_explosion** (the same for the grad norm), per rank.
 
@@ -49,6 +50,8 @@ class LiveConfig:
     min_slow_ms: float = 5.0
     """A straggler's compute must also be this much above the median's: milliseconds of noise are not one."""
     spike_factor: float = 10.0
+    hold_s: dict[str, float] = field(default_factory=lambda: {"straggler": 15.0})
+    """Seconds a condition of these kinds must hold before it fires (a pending alert), like a rule's ``for``."""
     nan_grace_s: float = 3.0
     """Seconds a NaN grad norm waits for the NaN loss that caused it (another rank's line may be on its way)."""
     local_host: str | None = None
@@ -111,6 +114,7 @@ class LiveState:
         self.fired = 0
         self.events = 0
         self._nan_seen: int | None = None  # when a non-finite grad norm was first seen
+        self._pending: dict[str, int] = {}  # alerts that must hold a while (LiveConfig.hold_s): since when
 
     # ---- feeding ---------------------------------------------------------------------------------
     def feed(self, events: list[dict[str, Any]]) -> None:
@@ -216,6 +220,16 @@ class LiveState:
         current: dict[str, Alert] = {}
         for alert in self._hangs(now_ns) + self._silences(now_ns) + self._stragglers() + self._health(now_ns):
             current.setdefault(alert.key, alert)
+        # A condition that must hold a while before it fires (a straggler: a busy machine deschedules a rank for
+        # a few steps now and then); until then it is pending, and one evaluation without it starts it over.
+        for key in [k for k in self._pending if k not in current]:
+            del self._pending[key]
+        for key, alert in list(current.items()):
+            hold = self.cfg.hold_s.get(alert.kind, 0.0)
+            if hold and key not in self.active:
+                since = self._pending.setdefault(key, now_ns)
+                if now_ns - since < hold * 1e9:
+                    del current[key]
         fired = [a for k, a in current.items() if k not in self.active]
         cleared = [a for k, a in self.active.items() if k not in current]
         for a in fired:
