@@ -78,6 +78,8 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
         while True:
             state.feed(tail.read())
             fired, cleared = state.evaluate(time.time_ns())
+            for alert in fired:
+                _add_native_stacks(alert, state)
             for alert in fired + cleared:
                 _show(console, alert, as_json, job_id)
             if hook is not None:
@@ -92,6 +94,31 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
                   f"{state.events:,} events read" + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}"
                                                       if hook else ""))
     finish(state.fired == 0)
+
+
+def _add_native_stacks(alert: Any, state: Any) -> None:
+    """For a hang or silent rank on this host, its stacks as py-spy reads them from outside (native frames
+    too: the NCCL or gloo call it is stuck in), where py-spy is installed. From the watcher, not the rank:
+    a frozen rank cannot run anything, and a process may not ptrace its parent where Yama's scope is 1."""
+    import shutil
+    import subprocess
+
+    if alert.kind not in ("hang", "silent") or shutil.which("py-spy") is None:
+        return
+    stacks = {}
+    for rank in alert.ranks:
+        r = state.ranks.get(rank)
+        if r is None or r.pid is None or r.node != state.cfg.local_host:
+            continue
+        try:
+            out = subprocess.run(["py-spy", "dump", "--pid", str(r.pid), "--native"], capture_output=True, text=True,
+                                 timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            stacks[rank] = f"py-spy failed: {type(exc).__name__}"
+            continue
+        stacks[rank] = (out.stdout or out.stderr).strip()[-6000:]
+    if stacks:
+        alert.evidence["native_stacks"] = stacks
 
 
 def _show(console: Any, alert: Any, as_json: bool, job: str) -> None:
@@ -115,3 +142,7 @@ def _show(console: Any, alert: Any, as_json: bool, job: str) -> None:
                 console.print(Text(f"    rank {rank} stacks (its heartbeat thread's dump):"))
                 for line in str(doing["stacks"]).splitlines()[-12:]:
                     console.print(Text(f"      {line}"))
+        for rank, text in (alert.evidence.get("native_stacks") or {}).items():
+            console.print(Text(f"    rank {rank} native stacks (py-spy):"))
+            for line in str(text).splitlines()[:20]:
+                console.print(Text(f"      {line}"))

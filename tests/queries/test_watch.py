@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,6 +111,9 @@ def test_a_hang_is_named_with_its_culprit_while_the_job_still_hangs(tmp_path, al
         assert alert["evidence"]["op"] == "all_reduce" and "injected hang" in " ".join(
             alert["evidence"]["doing"]["1"]["last_logs"])
         assert "in phase 'forward'" in alert["summary"]
+        if shutil.which("py-spy"):  # its stacks read from outside, native frames and all
+            native = alert["evidence"]["native_stacks"]["1"]
+            assert "train.py" in native and "sleep" in native, native[:2000]
         # the same alert, in Alertmanager's own API (labels from jobtrace's payload)
         deadline = time.monotonic() + 20
         found = []
