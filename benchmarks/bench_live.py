@@ -44,11 +44,20 @@ def start_job(data: Path, job: str, *args: str) -> subprocess.Popen[bytes]:
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGCONT, signal.SIGKILL):
+    """torchrun and every worker: each worker has a session of its own, and a frozen one outlives its launcher."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+        except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs(tree, timeout=30)
     proc.wait(timeout=30)
 
 

@@ -41,10 +41,15 @@ def torchrun(n: int, out: Path, job: str, *extra: str, env_extra: dict[str, str]
                             start_new_session=True)
     try:
         text, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # the hung job: stopped the way an operator would
-        os.killpg(proc.pid, 15)
-        time.sleep(5)
-        os.killpg(proc.pid, 9)
+    except subprocess.TimeoutExpired:  # the hung job: every process of it (torchrun gives each rank its own session)
+        import psutil
+
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for p in tree:
+            p.terminate()
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        for p in alive:
+            p.kill()
         text, _ = proc.communicate()
     return proc.returncode, time.monotonic() - t0, text
 

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.procs import stop_tree
+
 pytest.importorskip("torch", reason="the jobs are torch.distributed jobs")
 
 
@@ -51,17 +53,7 @@ class Job:
         raise AssertionError(f"rank {rank} never started")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            for sig in (signal.SIGCONT, signal.SIGTERM):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=15)
+        stop_tree(self.proc)
 
 
 class Watcher:
