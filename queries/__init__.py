@@ -15,7 +15,7 @@ from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discov
 from ._live import Alert, LiveConfig, LiveState
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
-from ._tail import LocalTail, VictoriaLogsTail
+from ._tail import TAIL_BACKENDS, ElasticsearchTail, LocalTail, LokiTail, Tail, VictoriaLogsTail, open_tail
 from ._timeline import timeline_data, write_perfetto, write_timeline_html
 from ._trace import TraceOptions, mark_golden, trace_job
 
@@ -30,13 +30,17 @@ __all__ = [
     "LinkConfig",
     "LiveConfig",
     "LiveState",
+    "ElasticsearchTail",
     "LocalTail",
+    "LokiTail",
     "NodeSummary",
     "RankSummary",
     "ReadStats",
     "Report",
     "TimeRange",
     "TraceOptions",
+    "TAIL_BACKENDS",
+    "Tail",
     "VictoriaLogsTail",
     "Webhook",
     "add_flight_recorder",
@@ -58,6 +62,7 @@ __all__ = [
     "load_local",
     "logql_query",
     "mark_golden",
+    "open_tail",
     "print_report",
     "profile_job",
     "read_flight_recorder",

@@ -18,9 +18,10 @@ __all__ = ["watch"]
 
 @click.command(cls=Command)
 @click.argument("job_id")
-@click.option("--backend", type=click.Choice(["local", "victorialogs"]), default="local", show_default=True,
-              help="Where the job's events are: the embedded store, or VictoriaLogs (JOBTRACE_VL_URL).")
-@click.option("--url", default=None, help="The server's URL (default JOBTRACE_VL_URL).")
+@click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
+              show_default=True, help="Where the job's events are: the embedded store, or a server (JOBTRACE_LOKI_URL, "
+              "JOBTRACE_VL_URL, JOBTRACE_ES_URL; Elasticsearch covers OpenSearch).")
+@click.option("--url", default=None, help="The server's URL (default: the backend's JOBTRACE_*_URL).")
 @click.option("--lookback", type=click.FloatRange(2), default=30.0, show_default=True,
               help="Seconds of a server's recent events read on each poll (ranks' events arrive out of order).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
@@ -42,7 +43,7 @@ __all__ = ["watch"]
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line per alert that fires or clears.")
 def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir: str, interval: float, hang_after: float, silent_after: float, slow_factor: float,
           wait_for_job: float, timeout: float, webhook: str | None, webhook_format: str, as_json: bool) -> None:
-    """Follow a running job (the embedded store, or VictoriaLogs) and alert as soon as something is wrong with it.
+    """Follow a running job (the embedded store, Loki, VictoriaLogs, Elasticsearch/OpenSearch) and alert as soon as something is wrong with it.
 
     Alerts: a hang (ranks wait in a collective that a rank never joined: that rank, and what it is
     doing), a silent or dead rank, a straggler, NaN/Inf loss, a loss spike, a grad-norm explosion.
@@ -52,6 +53,7 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
     Examples:
       jobtrace watch run-17
       jobtrace watch run-17 --json --webhook http://alertmanager:9093/api/v2/alerts
+      jobtrace watch run-17 --backend loki --url http://loki:3100
       jobtrace watch run-17 --webhook https://hooks.slack.com/services/... --webhook-format slack
 
     Exit status: 0 the job ended with no alert, 1 an alert fired, 2 usage error, 3 error (no such
@@ -59,12 +61,11 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
     """
     from rich.console import Console
 
-    from queries import LiveConfig, LiveState, LocalTail, VictoriaLogsTail, Webhook
+    from queries import LiveConfig, LiveState, Webhook, open_tail
 
     console = Console(stderr=as_json, highlight=False)
-    tail: LocalTail | VictoriaLogsTail = (LocalTail(data_dir, job_id) if backend == "local"
-                                          else VictoriaLogsTail(job_id, url, lookback_s=lookback))
-    where = data_dir if backend == "local" else "VictoriaLogs"
+    tail = open_tail(backend, job_id, data_dir=data_dir, url=url, lookback_s=lookback)
+    where = tail.where
     state = LiveState(LiveConfig(hang_after_s=hang_after, silent_after_s=silent_after, slow_factor=slow_factor,
                                  local_host=socket.gethostname()))
     hook = Webhook(webhook, webhook_format, job_id) if webhook else None
@@ -91,7 +92,9 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
         pass
     ended = "ended" if state.finished(time.time_ns()) else "still running"
     console.print(f"job {job_id} {ended}: {state.fired} alert(s), {len(state.active)} still active; "
-                  f"{state.events:,} events read" + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}"
+                  f"{state.events:,} events read" + (f" in {tail.requests:,} queries" if tail.requests else "")
+                  + (f", {tail.skipped:,} lines skipped (not this job's events)" if tail.skipped else "")
+                  + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}"
                                                       if hook else ""))
     finish(state.fired == 0)
 

@@ -215,3 +215,41 @@ class FakeLoki:
                 ts = e.timestamp.seconds * 1_000_000_000 + e.timestamp.nanos
                 self.add(labels, ts, e.line, {p.name: p.value for p in e.structuredMetadata})
         return Response(204)
+
+
+class FakeLokiHTTP:
+    """``FakeLoki`` behind a real HTTP listener on 127.0.0.1, for processes that ship or read over the network
+    (a real job's ranks, ``jobtrace watch``). Requests are answered one at a time, under one lock."""
+
+    def __init__(self, fake: FakeLoki) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                request = Request(self.command, f"http://127.0.0.1{self.path}", body, dict(self.headers.items()))
+                with lock:
+                    response = fake(request)
+                self.send_response(response.status)
+                self.send_header("Content-Length", str(len(response.body)))
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(response.body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.fake = fake
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

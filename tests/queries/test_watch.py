@@ -9,88 +9,22 @@ the ranks write.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
-from tests.procs import stop_tree
+from tests.watching import Job, Watcher
 
 pytest.importorskip("torch", reason="the jobs are torch.distributed jobs")
 
 
 pytestmark = pytest.mark.torchjob
-
-
-class Job:
-    """The demo's training script under torchrun, in its own process group."""
-
-    def __init__(self, data: Path, job: str, ranks: int, *args: str, env_extra: dict[str, str] | None = None) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBTRACE_")}
-        env.update(JOBTRACE_JOB_ID=job, JOBTRACE_DATA_DIR=str(data), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   **(env_extra or {}))
-        self.dir = data / job
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-             "-m", "jobtrace.demo.train", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
-
-    def pid_of(self, rank: int, timeout: float = 120) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for path in self.dir.glob(f"*.r{rank}.p*.jsonl"):
-                return int(re.search(r"\.p(\d+)\.jsonl$", path.name).group(1))  # type: ignore[union-attr]
-            time.sleep(0.2)
-        raise AssertionError(f"rank {rank} never started")
-
-    def stop(self) -> None:
-        stop_tree(self.proc)
-
-
-class Watcher:
-    """``jobtrace watch --json``; each alert line kept with the moment it arrived."""
-
-    def __init__(self, data: Path, job: str, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBTRACE_")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobtrace.cli", "watch", job, "--data-dir", str(data), "--json", "--interval", "0.5",
-             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.alerts: list[tuple[float, dict]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.alerts.append((time.monotonic(), json.loads(line)))
-
-    def wait_for(self, kind: str, state: str = "firing", timeout: float = 90) -> tuple[float, dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for t, a in self.alerts:
-                if a["kind"] == kind and a["state"] == state:
-                    return t, a
-            time.sleep(0.2)
-        raise AssertionError(f"no {state} {kind} alert in {timeout}s: {[a for _, a in self.alerts]}")
-
-    def finish(self, timeout: float = 60) -> int:
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            self.proc.wait(timeout=15)
-        self._reader.join(timeout=10)
-        return self.proc.returncode
 
 
 def test_a_hang_is_named_with_its_culprit_while_the_job_still_hangs(tmp_path, alertmanager):
@@ -121,20 +55,29 @@ def test_a_hang_is_named_with_its_culprit_while_the_job_still_hangs(tmp_path, al
 
 
 @pytest.mark.servers
-def test_a_hang_is_named_from_victorialogs_while_the_job_still_hangs(tmp_path, victorialogs):
-    """The ranks ship to a real VictoriaLogs only (no embedded store); the watcher reads the server."""
-    job = Job(tmp_path, "vl-hang", 4, "--steps", "400", "--hang-rank", "2", "--hang-step", "12",
-              env_extra={"JOBTRACE_LOKI_URL": victorialogs.url + "/insert/loki", "JOBTRACE_LOCAL": "0"})
+@pytest.mark.parametrize("backend", ["victorialogs", "elasticsearch"])
+def test_a_hang_is_named_from_a_server_while_the_job_still_hangs(tmp_path, backend, request):
+    """The ranks ship to a real VictoriaLogs or OpenSearch only (no embedded store); the watcher reads the server."""
+    if backend == "victorialogs":
+        url = request.getfixturevalue("victorialogs").url
+        ship = {"JOBTRACE_LOKI_URL": url + "/insert/loki"}
+    else:
+        url = request.getfixturevalue("opensearch").url
+        ship = {"JOBTRACE_ES_URL": url, "JOBTRACE_ES_NAMESPACE": "watch"}
+    name = f"{backend[:2]}-hang"
+    job = Job(tmp_path, name, 4, "--steps", "400", "--hang-rank", "2", "--hang-step", "12",
+              env_extra={**ship, "JOBTRACE_LOCAL": "0"})
     try:
-        watcher = Watcher(tmp_path, "vl-hang", "--backend", "victorialogs", "--url", victorialogs.url,
-                          "--timeout", "120")
+        watcher = Watcher(tmp_path, name, "--backend", backend, "--url", url, "--timeout", "120")
         _, alert = watcher.wait_for("hang")
         assert job.proc.poll() is None
         assert alert["ranks"] == [2] and alert["evidence"]["waiting"] == [0, 1, 3]
-        assert not list((tmp_path / "vl-hang").glob("*.jsonl"))  # no embedded store: the server's events alone
+        assert "injected hang" in " ".join(alert["evidence"]["doing"]["2"]["last_logs"])
+        assert not list((tmp_path / name).glob("*.jsonl"))  # no embedded store: the server's events alone
     finally:
         job.stop()
     assert watcher.finish() == 1
+    assert "queries" in watcher.proc.stderr.read()  # type: ignore[union-attr]
 
 
 def test_a_frozen_rank_is_silent_until_it_thaws_and_a_killed_one_died(tmp_path):
