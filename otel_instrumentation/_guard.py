@@ -11,7 +11,9 @@ next all-reduce). Then, for a NaN (``nan=``) or a norm above ``grad_norm_max`` (
 
 * ``clip``: every gradient scaled by ``grad_norm_max / norm`` (the worst rank's norm);
 * ``skip``: the gradients dropped (``grad = None``), so the step changes nothing;
-* ``pause``: wait until ``pause_file`` (written by the guard, with the reason) is removed;
+* ``pause``: wait until ``pause_file`` (written by the guard, with the reason) is removed, or the rank gets
+  SIGUSR1 (``scancel --signal=USR1 <job>``, ``pkill -USR1 -f train.py``); then the step is skipped, since
+  its gradients are what made the guard pause (a grad norm the user accepts: raise ``grad_norm_max``);
 * ``stop``: ``checkpoint(step)`` if given, then exit with :data:`GUARD_EXIT` and the reason.
 
 Each action is recorded (a ``jobtrace.guard`` warning and a ``guard`` metric at the step) with the
@@ -26,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -131,15 +132,36 @@ class Guard:
                 p.grad = None
         elif action == "pause":
             self._pause(step, reason)
+            for p in params:
+                p.grad = None
         elif action == "stop":
             self._stop(step, reason)
 
     def _pause(self, step: int | None, reason: str) -> None:
+        import signal
+        import threading
+
         with open(self.pause_file, "w") as fh:
-            fh.write(f"jobtrace guard paused the job at step {step}: {reason}\nremove this file to go on\n")
-        log.warning("guard: paused at step %s; remove %s to go on", step, self.pause_file)
-        while os.path.exists(self.pause_file):
-            time.sleep(self.poll_s)
+            fh.write(f"jobtrace guard paused the job at step {step}: {reason}\n"
+                     "remove this file (or send the ranks SIGUSR1) to go on\n")
+        log.warning("guard: paused at step %s; remove %s or send SIGUSR1 to go on", step, self.pause_file)
+        resumed = threading.Event()
+        previous = None
+        if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread only
+            previous = signal.signal(signal.SIGUSR1, lambda *_: resumed.set())
+        try:
+            while os.path.exists(self.pause_file) and not resumed.wait(self.poll_s):
+                pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGUSR1, previous)
+        how = "SIGUSR1" if resumed.is_set() else "the pause file removed"
+        if resumed.is_set():
+            try:
+                os.remove(self.pause_file)  # the ranks that wait on the file go on too
+            except FileNotFoundError:
+                pass
+        log.warning("guard: resumed at step %s (%s); this step's update is skipped", step, how)
 
     def _stop(self, step: int | None, reason: str) -> None:
         if self.checkpoint is not None:

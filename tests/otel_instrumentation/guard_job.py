@@ -37,7 +37,8 @@ def save(step):
 
 
 kw = {"nan": args.action} if args.fault == "nan" else {"on": args.action, "grad_norm_max": 50.0}
-guard = oi.guard(checkpoint=save, batch_ids=lambda: [rank * 100 + step], **kw)
+guard = oi.guard(checkpoint=save, batch_ids=lambda: [rank * 100 + step], pause_file=os.environ.get("PAUSE_FILE"),
+                 **kw)
 torch.manual_seed(rank)
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
