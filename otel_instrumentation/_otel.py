@@ -44,6 +44,13 @@ def resource_for(ident: Identity) -> Resource:
             "jobtrace.local_rank": ident.local_rank,
             "jobtrace.world_size": ident.world_size,
             "jobtrace.launcher": ident.launcher,
+            # the same identity by the names of NVIDIA's NeMo Lens and NVRx (their semconv), for their readers
+            "nv.dl.job.uuid": ident.job_id,
+            "nv.dl.run.uuid": ident.job_id,
+            "nv.dl.rank": ident.rank,
+            "nv.dl.local_rank": ident.local_rank,
+            "nv.dl.world_size": ident.world_size,
+            **({"slurm.job.id": ident.slurm_step.split(".", 1)[0]} if ident.slurm_step else {}),
         }
     )
 

@@ -6,6 +6,12 @@ export batch into OpenTelemetry ``ReadableSpan`` objects and hands them to the S
 SDK processor has its own thread and queue, so a slow or absent collector never
 holds up the export thread (and hence never the embedded store or log shippers).
 
+Besides jobtrace's own attribute names (``jobtrace.*``), the spans carry the names NVIDIA's NeMo Lens and
+NVRx use (their ``semconv``: ``dl.iteration`` on spans of a step; on a step's span, the step's
+``dl.loss``, ``dl.grad_norm``, ``dl.learning_rate``, ``dl.throughput_*`` where the job logged them; the
+``nv.dl.*`` identity is on the resource, :func:`otel_instrumentation._otel.resource_for`), so that
+their readers read our spans.
+
 The trace store is a view for Explore's trace panel; the complete, lossless record
 is the log backend. The SDK queue drops spans when the collector is away for long
 (its counters say how many); that trade-off is deliberate and documented.
@@ -34,6 +40,12 @@ class RootSpan(NamedTuple):
 
 
 _SPAN_MARK = b'"kind":"span"'
+_METRIC_MARK = b'"kind":"metric"'
+
+DL_METRICS = {"loss": "dl.loss", "grad_norm": "dl.grad_norm", "lr": "dl.learning_rate",
+              "learning_rate": "dl.learning_rate", "tflops": "dl.throughput_tflops",
+              "tokens_per_sec": "dl.throughput_tokens_per_sec", "batch_size": "dl.batch_size"}
+"""jobtrace's metric names -> NeMo Lens' ``dl.*`` span attributes for them."""
 
 
 class OtlpSpanSink:
@@ -59,14 +71,26 @@ class OtlpSpanSink:
         self._root = root
         self._processor: SpanProcessor = BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=2048)
         self.converted = 0
+        self._step_metrics: dict[int, dict[str, Any]] = {}  # step -> its dl.* values, until its span goes
+        self._held: dict[str, Any] | None = None  # the last step span, until the next (its metrics may follow it)
 
     def write(self, lines: Sequence[bytes]) -> None:
         for line in lines:
-            if _SPAN_MARK in line:
-                span = self._to_span(orjson.loads(line))
-                if span is not None:
-                    self._processor.on_end(span)
-                    self.converted += 1
+            if _METRIC_MARK in line:
+                self._keep_metrics(orjson.loads(line))
+            elif _SPAN_MARK in line:
+                ev = orjson.loads(line)
+                if ev.get("cat") == "step":
+                    # a step's metrics are often logged just after its span ends: hold it until the next step's
+                    ev, self._held = self._held, ev
+                if ev is not None:
+                    self._export(ev)
+
+    def _export(self, ev: dict[str, Any]) -> None:
+        span = self._to_span(ev)
+        if span is not None:
+            self._processor.on_end(span)
+            self.converted += 1
 
     def _to_span(self, ev: dict[str, Any]) -> Any:
         try:
@@ -77,7 +101,9 @@ class OtlpSpanSink:
         attrs: dict[str, Any] = {"jobtrace.category": ev.get("cat", "user"), "jobtrace.rank": ev.get("rank", 0),
                                  "jobtrace.node": ev.get("node", "")}
         if ev.get("step") is not None:
-            attrs["jobtrace.step"] = ev["step"]
+            attrs["jobtrace.step"] = attrs["dl.iteration"] = ev["step"]
+            if ev.get("cat") == "step":
+                attrs.update(self._step_metrics.pop(ev["step"], {}))
         error = None
         for k, v in (ev.get("attrs") or {}).items():
             if k == "error":
@@ -87,6 +113,18 @@ class OtlpSpanSink:
         start = ev.get("start", ev["ts"])
         return self._readable(ev.get("name", "span"), trace_id, span_id, parent_id, attrs, start,
                               start + ev.get("dur", 0), error)
+
+    def _keep_metrics(self, ev: dict[str, Any]) -> None:
+        """A step's metrics (logged inside the step or just after it), for its span."""
+        step = ev.get("step")
+        if not isinstance(step, int):
+            return
+        values = {DL_METRICS[k]: v for k, v in (ev.get("metrics") or {}).items()
+                  if k in DL_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if values:
+            self._step_metrics.setdefault(step, {}).update(values)
+            while len(self._step_metrics) > 64:  # steps whose span never came (no step spans): forget the oldest
+                del self._step_metrics[min(self._step_metrics)]
 
     def _readable(self, name: str, trace_id: int, span_id: int, parent_id: int | None, attrs: dict[str, Any],
                   start: int, end: int, error: str | None = None) -> Any:
@@ -105,6 +143,9 @@ class OtlpSpanSink:
         """The SDK processor exports on its own schedule; a final flush happens in close()."""
 
     def close(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._export(held)
         root, self._root = self._root, None
         if root is not None:
             self._processor.on_end(self._readable(root.name, root.trace_id, root.span_id, None,

@@ -59,3 +59,19 @@ def test_processes_name_the_job_and_each_rank(trace):
     instances = sorted({t["value"] for p in trace["processes"].values() for t in p["tags"]
                         if t["key"] == "service.instance.id"})
     assert instances == [f"jaeger-job/rank-{r}" for r in range(RANKS)]
+
+
+def test_spans_carry_nemo_lens_names_for_nvidias_readers(trace):
+    """NeMo Lens / NVRx conventions (NVIDIA-NeMo/Lens ``src/nemo/lens/semconv.py``): ``nv.dl.*`` on the
+    resource, ``dl.iteration`` on a step's spans, and the step's loss on its span as ``dl.loss``."""
+    for process in trace["processes"].values():
+        tags = {t["key"]: t["value"] for t in process["tags"]}
+        assert tags["nv.dl.job.uuid"] == tags["nv.dl.run.uuid"] == "jaeger-job"
+        assert tags["nv.dl.rank"] == tags["jobtrace.rank"] and tags["nv.dl.world_size"] == RANKS
+    steps = [s for s in trace["spans"] if s["operationName"] == "step"]
+    for s in steps:
+        tags = {t["key"]: t["value"] for t in s["tags"]}
+        assert tags["dl.iteration"] == tags["jobtrace.step"]
+        assert isinstance(tags["dl.loss"], float) and tags["dl.loss"] == tags["dl.loss"]  # the demo logs its loss
+    assert len({(rank_of(trace, s), {t["key"]: t["value"] for t in s["tags"]}["dl.iteration"]) for s in steps}) \
+        == RANKS * STEPS
