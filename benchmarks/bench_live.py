@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import signal
 import statistics
@@ -65,8 +66,9 @@ class Watcher:
     def __init__(self, data: Path, job: str, timeout: float) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "jobtrace.cli", "watch", job, "--data-dir", str(data),
                                       "--json", "--interval", "0.5", "--timeout", str(timeout)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        self.reads = (0, 0.0)  # polls of the store, MB read: from the watcher's closing line
         self.alerts: list[tuple[int, dict]] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -88,8 +90,11 @@ class Watcher:
     def close(self) -> float:
         """Stops the watcher; its CPU seconds."""
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.proc.send_signal(signal.SIGINT)  # it prints its closing line on an interrupt
+        _, err = self.proc.communicate(timeout=30)
+        m = re.search(r"\(([\d.]+) MB in ([\d,]+) polls", err or "")
+        if m:
+            self.reads = (int(m.group(2).replace(",", "")), float(m.group(1)))
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -107,7 +112,8 @@ def one_fault(root: Path, i: int, kind: str, rank: int, step: int) -> dict:
     cpu = watcher.close()
     wall = time.monotonic() - t0
     injected = [json.loads(line) for line in inject.read_text().splitlines()] if inject.exists() else []
-    out = {"kind": kind, "rank": rank, "step": step, "injected": bool(injected), "watch_cpu_s": cpu, "wall_s": wall}
+    out = {"kind": kind, "rank": rank, "step": step, "injected": bool(injected), "watch_cpu_s": cpu, "wall_s": wall,
+           "polls": watcher.reads[0], "read_mb": watcher.reads[1]}
     if found and injected:
         t_alert, alert = found
         out.update(alert_kind=alert["kind"], named=alert["ranks"], latency_s=(t_alert - injected[0]["ts"]) / 1e9,
@@ -167,6 +173,9 @@ def main() -> None:
               f"time to alert p50 {statistics.median(lat):.1f}s, p90 {p90:.1f}s, max {lat[-1]:.1f}s")
     cpu = sum(r["watch_cpu_s"] for r in results) / max(sum(r["wall_s"] for r in results), 1e-9) * 100
     print(f"watcher CPU while watching a 4-rank job: {cpu:.1f} % of a core (polling every 0.5 s)")
+    wall = max(sum(r["wall_s"] for r in results), 1e-9)
+    print(f"watcher reads: {sum(r['polls'] for r in results) / wall:.1f} polls/s of the store, "
+          f"{sum(r['read_mb'] for r in results) * 1e3 / wall:.1f} kB/s read (what the ranks wrote, read once)")
     if args.healthy_minutes > 0:
         h = healthy(root, args.healthy_minutes)
         print(f"healthy: {h['jobs']} jobs, {h['watched_s'] / 60:.1f} min watched with a CPU hog on each core: "

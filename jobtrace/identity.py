@@ -57,6 +57,8 @@ class Identity:
     job_derived: bool = False
     """The job id was derived from MASTER_ADDR/PORT (no launcher named the run): the same for the next run on
     the same port, unless the tracing layer adds a run nonce (``otel_instrumentation._runid``)."""
+    slurm_step: str | None = None
+    """``<job>.<step>`` where SLURM started this process: what a watcher asks ``scontrol`` about when it dies."""
 
 
 def trace_id_for_job(job_id: str) -> str:
@@ -187,4 +189,6 @@ def resolve_identity(
         launcher=launcher,
         warnings=tuple(warnings),
         job_derived=derived,
+        slurm_step=(f"{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+                    if env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID") else None),
     )

@@ -325,10 +325,14 @@ class Tracing:
         rec = self.recorder
         main_ident = threading.main_thread().ident
         dumped_for: int | None = None
-        while not self._stop_beat.wait(self.heartbeat_s):
+        first = True  # the first beat comes at once: a rank that dies in its first seconds has said who it is
+        while first or not self._stop_beat.wait(self.heartbeat_s):
+            first = False
             try:
                 now = time_ns()
                 attrs: dict[str, Any] = {"progress_age_ms": (now - rec.last_progress_ns) // 1_000_000}
+                if self.identity.slurm_step:
+                    attrs["slurm_step"] = self.identity.slurm_step
                 top = rec.top()
                 if top is None and self.auto_steps is not None:
                     top = self.auto_steps.top()
@@ -680,7 +684,8 @@ def guard(*, grad_norm_max: float | None = None, on: str = "clip", nan: str | No
     """Act on NaN or exploding gradients at every optimizer step, the same way on every rank (``_guard``).
 
     ``on`` (a norm above ``grad_norm_max``) and ``nan`` (NaN/Inf gradients): ``clip``, ``skip``, ``pause``
-    (until ``pause_file`` is removed) or ``stop`` (``checkpoint(step)``, then exit with status 65).
+    (until ``pause_file`` is removed or SIGUSR1 comes; the step is then skipped) or ``stop``
+    (``checkpoint(step)``, then exit with status 65).
     Call after :func:`init_tracing`; returns the guard (``.actions`` says what it did, ``.remove()``).
     """
     from ._guard import Guard

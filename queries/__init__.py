@@ -13,6 +13,7 @@ from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_fl
 from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._live import Alert, LiveConfig, LiveState
+from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, slurm_evidence
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
 from ._tail import TAIL_BACKENDS, ElasticsearchTail, LocalTail, LokiTail, Tail, VictoriaLogsTail, open_tail
@@ -44,13 +45,16 @@ __all__ = [
     "VictoriaLogsTail",
     "Webhook",
     "add_flight_recorder",
+    "add_outside_evidence",
     "alertmanager_payload",
     "analyze",
     "attach_links",
+    "classify_kernel_line",
     "compare_to_golden",
     "format_json",
     "golden_dir",
     "grafana_explore_url",
+    "kernel_evidence",
     "kibana_discover_url",
     "kql_query",
     "list_golden",
@@ -67,6 +71,7 @@ __all__ = [
     "profile_job",
     "read_flight_recorder",
     "save_golden",
+    "slurm_evidence",
     "slack_payload",
     "timeline_data",
     "trace_job",

@@ -35,7 +35,8 @@ from jobtrace.store import json_scan_sql
 
 from ._store import JobData, ReadStats, load_events
 
-__all__ = ["add_flight_recorder", "flight_recorder_events", "load_flight_recorder", "read_flight_recorder"]
+__all__ = ["add_flight_recorder", "flight_recorder_events", "flight_recorder_summary", "load_flight_recorder",
+           "read_flight_recorder"]
 
 _DTYPE_BYTES = {
     "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4, "Long": 8, "Short": 2, "Char": 1, "Byte": 1,
@@ -203,3 +204,31 @@ def add_flight_recorder(job: JobData, paths: Iterable[str | os.PathLike[str]]) -
     job.stats.events += len(events)
     job.source += f" + flight-recorder:{len(dumps)} dumps"
     return len(events)
+
+
+_FR_WRITTEN = re.compile(r"Flight Recorder buffer written to (\S+) ---")
+
+
+def flight_recorder_summary(scene: str | None) -> dict[str, Any] | None:
+    """Where a rank's stall scene names a Flight Recorder dump (written by its heartbeat thread), the dump's
+    word per process group, where the watcher can read the file: the collectives still in flight (not
+    retired) and the last one retired. A waiting rank shows the hung collective in flight; the rank that
+    never joined it shows the one before as its last."""
+    m = _FR_WRITTEN.search(scene or "")
+    if m is None:
+        return None
+    path = m.group(1)
+    try:
+        ((_, dump, _),) = read_flight_recorder([path])
+    except (OSError, QueryError, ValueError):
+        return {"file": path}
+    groups: dict[str, dict[str, Any]] = {}
+    for entry in sorted(dump.get("entries") or [], key=lambda e: e.get("record_id") or 0):
+        pg = entry.get("process_group") or ["?"]
+        g = groups.setdefault(str(pg[-1] if isinstance(pg, list) else pg), {"in_flight": [], "last_retired": None})
+        what = f"{entry.get('profiling_name', '?')} #{entry.get('collective_seq_id') or entry.get('p2p_seq_id')}"
+        if entry.get("retired"):
+            g["last_retired"] = what
+        else:
+            g["in_flight"].append(what)
+    return {"file": path, "groups": groups}

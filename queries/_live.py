@@ -57,6 +57,13 @@ class LiveConfig:
     local_host: str | None = None
     """This machine's name: a silent rank here whose process is gone has died (elsewhere it is only silent)."""
 
+    def is_local(self, node: str) -> bool:
+        """Whether ``node`` is this machine: the same name, or the same short name (SLURM names nodes ``gpu-12``
+        where the host calls itself ``gpu-12.cluster.local``)."""
+        if not self.local_host or not node:
+            return False
+        return node == self.local_host or node.split(".", 1)[0] == self.local_host.split(".", 1)[0]
+
 
 @dataclass
 class Alert:
@@ -98,6 +105,7 @@ class _Rank:
     norms: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=3))
     scene: str | None = None  # the last stack dump its heartbeat thread recorded
+    slurm: str | None = None  # its SLURM step (<job>.<step>), where SLURM started it
     nan_loss: tuple[int | None, str] | None = None  # the first non-finite loss: (step, what)
     nan_norm: tuple[int | None, str] | None = None  # the first non-finite grad norm
     spike: tuple[int | None, float, float] | None = None
@@ -112,6 +120,11 @@ class LiveState:
         self.ranks: dict[int, _Rank] = {}
         self.active: dict[str, Alert] = {}
         self.fired = 0
+        self.history: list[Alert] = []
+        """Every alert that fired, in order (resolved ones too)."""
+        self.updated: list[Alert] = []
+        """The firing alerts whose ranks' scene (stacks, Flight Recorder) arrived at the last evaluation: a
+        hang is named before the stall's scene is recorded (8 s against 10), so it comes as an update."""
         self.events = 0
         self._nan_seen: int | None = None  # when a non-finite grad norm was first seen
         self._pending: dict[str, int] = {}  # alerts that must hold a while (LiveConfig.hold_s): since when
@@ -135,6 +148,7 @@ class LiveState:
             if kind == "heartbeat":
                 if ts >= r.beat_ts:
                     r.beat, r.beat_ts = e.get("attrs") or {}, ts
+                    r.slurm = r.beat.get("slurm_step") or r.slurm
                 continue
             if e.get("step") is not None:
                 r.step = e["step"]
@@ -238,10 +252,15 @@ class LiveState:
         for a in cleared:
             a.resolved_ns = now_ns
             del self.active[a.key]
+        self.updated = []
         for k, a in current.items():  # still firing: keep the first summary, refresh the evidence
             if k in self.active and self.active[k] is not a:
-                self.active[k].evidence = a.evidence
+                old = self.active[k]
+                if _scenes(a.evidence) != _scenes(old.evidence):
+                    self.updated.append(old)
+                old.evidence = {**old.evidence, **a.evidence}  # what the watcher added from outside stays
         self.fired += len(fired)
+        self.history += fired
         return fired, cleared
 
     def finished(self, now_ns: int) -> bool:
@@ -285,13 +304,19 @@ class LiveState:
             wait_s = max(w["age_ns"] for w in at.values()) / 1e9
             where = f"{op} #{seq} (group {group})"
             if missing:
+                from ._flight_recorder import flight_recorder_summary
+
                 doing = {m: self._doing(m, now) for m in missing}
+                # the waiting ranks' own Flight Recorder dumps show the collective in flight, seq for seq
+                recorded = {k: fr for k in sorted(at) if k in self.ranks
+                            and (fr := flight_recorder_summary(self.ranks[k].scene)) is not None}
                 text = "; ".join(f"rank {m}: {d['summary']}" for m, d in doing.items())
                 out.append(Alert(f"hang:{group}:{seq}", "hang", "critical",
                                  f"hang: ranks {span_list(sorted(at))} have waited {wait_s:.0f}s in {where}; "
                                  f"never joined: rank {span_list(missing)} ({text})",
                                  missing, {"group": group, "seq": seq, "op": op, "waiting": sorted(at),
-                                           "missing": missing, "doing": doing}))
+                                           "missing": missing, "doing": doing,
+                                           **({"waiting_flight_recorder": recorded} if recorded else {})}))
             elif len(at) >= len(members) > 1:
                 out.append(Alert(f"hang:{group}:{seq}", "hang", "critical",
                                  f"hang: every rank of group {group} has waited {wait_s:.0f}s in {where}, none "
@@ -314,8 +339,11 @@ class LiveState:
             parts.append(f"no heartbeat for {(now - r.beat_ts) / 1e9:.0f}s")
         if r.step is not None:
             parts.append(f"at step {r.step}")
+        from ._flight_recorder import flight_recorder_summary
+
         return {"summary": ", ".join(parts) or "no heartbeat yet", "last_logs": list(r.logs),
-                "stacks": r.scene, "heartbeat_age_s": round((now - r.beat_ts) / 1e9, 1) if r.beat_ts else None}
+                "stacks": r.scene, "flight_recorder": flight_recorder_summary(r.scene),
+                "heartbeat_age_s": round((now - r.beat_ts) / 1e9, 1) if r.beat_ts else None}
 
     def _silences(self, now: int) -> list[Alert]:
         out = []
@@ -354,7 +382,7 @@ class LiveState:
         return out
 
     def _process_gone(self, r: _Rank) -> bool:
-        if r.pid is None or not self.cfg.local_host or r.node != self.cfg.local_host:
+        if r.pid is None or not self.cfg.is_local(r.node):
             return False
         return not os.path.exists(f"/proc/{r.pid}")
 
@@ -418,3 +446,10 @@ class LiveState:
                                  f"median of its last {self.cfg.window}: {recent:.4g})", [r.rank],
                                  {"step": step, "grad_norm": value, "median": recent}))
         return out
+
+
+def _scenes(evidence: dict[str, Any]) -> tuple[tuple[str, bool], ...]:
+    """Which ranks of an alert's evidence have their stall scene: when it changes, the alert is worth showing again."""
+    doing = evidence.get("doing") or {}
+    return (tuple(sorted((str(rank), bool(d.get("stacks"))) for rank, d in doing.items() if isinstance(d, dict)))
+            + tuple(sorted((f"fr{rank}", True) for rank in evidence.get("waiting_flight_recorder") or {})))

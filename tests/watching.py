@@ -44,8 +44,9 @@ class Job:
 class Watcher:
     """``jobtrace watch --json``; each alert line kept with the moment it arrived."""
 
-    def __init__(self, data: Path, job: str, *args: str) -> None:
+    def __init__(self, data: Path, job: str, *args: str, env_extra: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBTRACE_")}
+        env.update(env_extra or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jobtrace.cli", "watch", job, "--data-dir", str(data), "--json", "--interval", "0.5",
              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -35,6 +35,9 @@ __all__ = ["watch"]
               help="A rank computing this many times the median rank's is a straggler.")
 @click.option("--wait-for-job", type=click.FloatRange(0), default=60.0, show_default=True,
               help="Seconds to wait for the job's first events before giving up (exit 3).")
+@click.option("--kernel-window", type=click.FloatRange(60), default=900.0, show_default=True,
+              help="Seconds of this node's kernel log read before a dead or hung rank's last event (Xid, ECC, "
+              "NVLink, OOM killer lines); NCCL timeouts often surface ~10 minutes after their cause.")
 @click.option("--timeout", type=click.FloatRange(0), default=0.0,
               help="Stop after this many seconds (0: until every rank has stopped or died).")
 @click.option("--webhook", default=None, help="Also POST alerts here (http or https).")
@@ -42,7 +45,7 @@ __all__ = ["watch"]
               show_default=True, help="alertmanager: its /api/v2/alerts list; slack: an incoming webhook's text.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line per alert that fires or clears.")
 def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir: str, interval: float, hang_after: float, silent_after: float, slow_factor: float,
-          wait_for_job: float, timeout: float, webhook: str | None, webhook_format: str, as_json: bool) -> None:
+          wait_for_job: float, kernel_window: float, timeout: float, webhook: str | None, webhook_format: str, as_json: bool) -> None:
     """Follow a running job (the embedded store, Loki, VictoriaLogs, Elasticsearch/OpenSearch) and alert as soon as something is wrong with it.
 
     Alerts: a hang (ranks wait in a collective that a rank never joined: that rank, and what it is
@@ -60,8 +63,9 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
     job after --wait-for-job), 4 internal error (rerun with --debug).
     """
     from rich.console import Console
+    from rich.text import Text
 
-    from queries import LiveConfig, LiveState, Webhook, open_tail
+    from queries import LiveConfig, LiveState, Webhook, add_outside_evidence, open_tail
 
     console = Console(stderr=as_json, highlight=False)
     tail = open_tail(backend, job_id, data_dir=data_dir, url=url, lookback_s=lookback)
@@ -74,15 +78,20 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
         if time.monotonic() - start > wait_for_job:
             raise JobNotFound(f"no events of job {job_id!r} in {where} after {wait_for_job:g}s")
         time.sleep(min(interval, 1.0))
-    console.print(f"watching {job_id} in {where}" + (f"; alerts also to the {hook.describe()}" if hook else ""))
+    console.print(Text(f"watching {job_id} in {where}" + (f"; alerts also to the {hook.describe()}" if hook else "")),
+                  soft_wrap=True)
+    polls = 0
     try:
         while True:
             state.feed(tail.read())
+            polls += 1
             fired, cleared = state.evaluate(time.time_ns())
             for alert in fired:
-                _add_native_stacks(alert, state)
+                add_outside_evidence(alert, state, kernel_window_s=kernel_window)
             for alert in fired + cleared:
                 _show(console, alert, as_json, job_id)
+            for alert in state.updated:  # its ranks' stall scene arrived after it fired
+                _show(console, alert, as_json, job_id, updated=True)
             if hook is not None:
                 hook.send(fired, cleared, list(state.active.values()))
             if state.finished(time.time_ns()) or (timeout and time.monotonic() - start > timeout):
@@ -90,42 +99,19 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
             time.sleep(interval)
     except KeyboardInterrupt:
         pass
+    _show_slurm_end(console, state, as_json, job_id)
     ended = "ended" if state.finished(time.time_ns()) else "still running"
-    console.print(f"job {job_id} {ended}: {state.fired} alert(s), {len(state.active)} still active; "
-                  f"{state.events:,} events read" + (f" in {tail.requests:,} queries" if tail.requests else "")
-                  + (f", {tail.skipped:,} lines skipped (not this job's events)" if tail.skipped else "")
-                  + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}"
-                                                      if hook else ""))
+    summary = (f"job {job_id} {ended}: {state.fired} alert(s), {len(state.active)} still active; "
+               f"{state.events:,} events read ({tail.bytes_read / 1e6:.1f} MB in {polls:,} polls"
+               + (f", {tail.requests:,} queries)" if tail.requests else ")")
+               + (f", {tail.skipped:,} lines skipped (not this job's events)" if tail.skipped else "")
+               + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}" if hook else ""))
+    console.print(Text(summary), soft_wrap=True)  # Text: a job id is not markup; one line, for scripts to read
     finish(state.fired == 0)
 
 
-def _add_native_stacks(alert: Any, state: Any) -> None:
-    """For a hang or silent rank on this host, its stacks as py-spy reads them from outside (native frames
-    too: the NCCL or gloo call it is stuck in), where py-spy is installed. From the watcher, not the rank:
-    a frozen rank cannot run anything, and a process may not ptrace its parent where Yama's scope is 1."""
-    import shutil
-    import subprocess
-
-    if alert.kind not in ("hang", "silent") or shutil.which("py-spy") is None:
-        return
-    stacks = {}
-    for rank in alert.ranks:
-        r = state.ranks.get(rank)
-        if r is None or r.pid is None or r.node != state.cfg.local_host:
-            continue
-        try:
-            out = subprocess.run(["py-spy", "dump", "--pid", str(r.pid), "--native"], capture_output=True, text=True,
-                                 timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            stacks[rank] = f"py-spy failed: {type(exc).__name__}"
-            continue
-        stacks[rank] = (out.stdout or out.stderr).strip()[-6000:]
-    if stacks:
-        alert.evidence["native_stacks"] = stacks
-
-
-def _show(console: Any, alert: Any, as_json: bool, job: str) -> None:
-    state = "resolved" if alert.resolved_ns is not None else "firing"
+def _show(console: Any, alert: Any, as_json: bool, job: str, *, updated: bool = False) -> None:
+    state = "resolved" if alert.resolved_ns is not None else "updated" if updated else "firing"
     if as_json:
         import orjson
 
@@ -137,7 +123,7 @@ def _show(console: Any, alert: Any, as_json: bool, job: str) -> None:
     stamp = time.strftime("%H:%M:%S")
     style = "green" if state == "resolved" else ("bold red" if alert.severity == "critical" else "yellow")
     console.print(Text(f"[{stamp}] {state.upper():<8} ", style=style) + Text(alert.summary))
-    if state == "firing":
+    if state in ("firing", "updated"):
         for rank, doing in (alert.evidence.get("doing") or {}).items():
             for line in doing.get("last_logs") or []:
                 console.print(Text(f"    rank {rank} last log: {line}"))
@@ -145,7 +131,45 @@ def _show(console: Any, alert: Any, as_json: bool, job: str) -> None:
                 console.print(Text(f"    rank {rank} stacks (its heartbeat thread's dump):"))
                 for line in str(doing["stacks"]).splitlines()[-12:]:
                     console.print(Text(f"      {line}"))
+            for group, fr in ((doing.get("flight_recorder") or {}).get("groups") or {}).items():
+                console.print(Text(f"    rank {rank} Flight Recorder, group {group}: in flight "
+                                   f"{', '.join(fr['in_flight']) or 'nothing'}; last retired {fr['last_retired']}"))
+        kernel = alert.evidence.get("kernel") or {}
+        if kernel.get("error"):
+            console.print(Text(f"    kernel log: {kernel['error']}"))
+        for line in kernel.get("lines") or []:
+            console.print(Text(f"    kernel {line['ts']} [{line['kind']}] {line['text']}"))
+        for step in alert.evidence.get("slurm") or []:
+            console.print(Text(f"    SLURM {_slurm_line(step)}"))
         for rank, text in (alert.evidence.get("native_stacks") or {}).items():
             console.print(Text(f"    rank {rank} native stacks (py-spy):"))
             for line in str(text).splitlines()[:20]:
                 console.print(Text(f"      {line}"))
+
+
+def _slurm_line(step: dict[str, Any]) -> str:
+    job, st = step.get("job") or {}, step.get("step") or {}
+    state = job.get("JobState") or st.get("State") or "?"
+    return (f"step {step['id']}: job {state}, exit code {job.get('ExitCode', '?')}"
+            + (f", reason {job['Reason']}" if job.get("Reason") not in (None, "None") else "")
+            + (f"; step {st['State']}" if st.get("State") else ""))
+
+
+def _show_slurm_end(console: Any, state: Any, as_json: bool, job: str) -> None:
+    """Where SLURM started the ranks: the steps' final state and exit code, once the watch ends."""
+    from queries import slurm_evidence
+
+    steps = sorted({r.slurm for r in state.ranks.values() if r.slurm})
+    if not steps or not any(a.kind == "rank_died" for a in state.history):
+        return
+    time.sleep(1.0)  # slurmctld records the step's end a moment after its last task is gone
+    for step in steps:
+        found = slurm_evidence(step)
+        if as_json:
+            import orjson
+
+            click.echo(orjson.dumps({"job": job, "state": "info", "kind": "slurm_step", "evidence": found}).decode())
+        else:
+            from rich.text import Text
+
+            console.print(Text(f"SLURM {_slurm_line(found)}"))

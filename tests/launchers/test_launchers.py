@@ -96,3 +96,39 @@ def test_mpirun(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     check_one_job(tmp_path, "openmpi")
+
+
+def test_a_rank_that_dies_under_srun_has_slurms_word_in_the_alert(tmp_path, cluster):
+    """The demo's training script under srun; rank 1 SIGKILLs itself at step 10. ``jobtrace watch`` names it
+    dead with SLURM's view of the step in the evidence, and once the job is over, the step's final state."""
+    from tests.procs import stop_tree
+    from tests.watching import Watcher
+
+    env = job_env(tmp_path, cluster)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=env["JT_PORT"], PYTHONPATH=str(ROOT), DEMO_PG_TIMEOUT="60")
+    # torch's env:// wants RANK and WORLD_SIZE, which srun does not set; the test cluster calls its node
+    # "localhost", so the ranks are told this host's name (a real cluster's node names are its hosts').
+    rank = ("export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID JOBTRACE_NODE=$(hostname);"
+            f" exec {sys.executable} -m jobtrace.demo.train --steps 100000 --kill-rank 1 --hang-step 10")
+    srun = subprocess.Popen(["srun", "-n", "2", "--overcommit", "bash", "-c", rank], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (tmp_path / "data").is_dir():
+            time.sleep(0.2)
+        job = next((tmp_path / "data").iterdir()).name
+        assert job.isdigit()  # SLURM's job id
+        watcher = Watcher(tmp_path / "data", job, "--timeout", "150", env_extra={"SLURM_CONF": cluster["SLURM_CONF"]})
+        _, alert = watcher.wait_for("rank_died", timeout=120)
+        assert alert["ranks"] == [1]
+        (slurm_seen,) = alert["evidence"]["slurm"]
+        assert slurm_seen["id"] == f"{job}.0"
+        assert slurm_seen["job"]["JobId"] == job and slurm_seen["job"]["JobState"] in ("RUNNING", "COMPLETING",
+                                                                                       "FAILED")
+        srun.wait(timeout=120)
+        assert watcher.finish(timeout=120) == 1
+        (end,) = [a for _, a in watcher.alerts if a["kind"] == "slurm_step"]
+        final = end["evidence"]["job"]
+        assert final["JobState"] in ("FAILED", "CANCELLED") and final["ExitCode"] != "0:0", end
+    finally:
+        stop_tree(srun)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -145,3 +146,35 @@ def test_a_straggler_is_named_while_the_job_runs(tmp_path):
         job.stop()
     watcher.finish()
     assert {a["ranks"][0] for _, a in watcher.alerts if a["kind"] == "straggler" and a["state"] == "firing"} == {2}
+
+
+def test_the_hung_scene_follows_the_alert_with_the_flight_recorders_word(tmp_path):
+    """The hang is named at 8 s; the ranks' heartbeat threads record the scene at 10 s without progress
+    (every thread's stack, and torch's Flight Recorder buffer, here on gloo). The alert is shown again with
+    it: the hung rank's stack in its forward pass, and the dumps saying the waiting ranks have the hung
+    all-reduce in flight while the hung rank's last retired one is the one before."""
+    job = Job(tmp_path, "fr-hang", 3, "--steps", "400", "--hang-rank", "1", "--hang-step", "10",
+              env_extra={"TORCH_FR_BUFFER_SIZE": "2000"})
+    try:
+        watcher = Watcher(tmp_path, "fr-hang", "--timeout", "120")
+        _, fired = watcher.wait_for("hang")
+        deadline = time.monotonic() + 60
+        alert = fired
+        while time.monotonic() < deadline and not (
+                alert["evidence"]["doing"]["1"].get("stacks") and len(alert["evidence"].get("waiting_flight_recorder")
+                                                                       or {}) == 2):
+            time.sleep(0.5)
+            updates = [a for _, a in watcher.alerts if a["kind"] == "hang" and a["state"] == "updated"]
+            alert = updates[-1] if updates else fired
+        assert job.proc.poll() is None
+        hung = alert["evidence"]["doing"]["1"]
+        assert "train.py" in hung["stacks"] and "_inject" in hung["stacks"], hung["stacks"]  # where it sleeps
+        last = hung["flight_recorder"]["groups"]["default_pg"]["last_retired"]  # "gloo:all_reduce #14"
+        assert last.startswith("gloo:all_reduce #")
+        for rank in ("0", "2"):  # (Flight Recorder numbers collectives its own way: compared with itself)
+            fr = alert["evidence"]["waiting_flight_recorder"][rank]
+            assert Path(fr["file"]).name.startswith("fr-")
+            assert fr["groups"]["default_pg"]["in_flight"] == [f"gloo:all_reduce #{int(last.split('#')[1]) + 1}"], fr
+    finally:
+        job.stop()
+    assert watcher.finish() == 1
