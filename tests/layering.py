@@ -9,7 +9,7 @@ package in a LOWER layer; packages of one layer never import each other):
     0 core    jobtrace.errors, .events, .identity, .config, .redact, .http
     1 store   jobtrace.store        wire  loki, kibana
     2 shippers, queries
-    3 otel_instrumentation, ingest, jobtrace.synth
+    3 otel_instrumentation, ingest, metrics, jobtrace.synth
     4 jobtrace.demo
     5 jobtrace.cli, jobtrace (the package's facade)
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PACKAGES = ("jobtrace", "otel_instrumentation", "shippers", "queries", "ingest", "loki", "kibana")
+PACKAGES = ("jobtrace", "otel_instrumentation", "shippers", "queries", "ingest", "loki", "kibana", "metrics")
 """The product's top-level packages (the distribution's)."""
 
 LAYERS: dict[str, int] = {
@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "queries": 2,
     "otel_instrumentation": 3,
     "ingest": 3,
+    "metrics": 3,
     "jobtrace.synth": 3,
     "jobtrace.demo": 4,
     "jobtrace.cli": 5,

@@ -22,6 +22,7 @@ from .demo import demo
 from .exitcodes import EXIT_ERROR, EXIT_HEALTHY, EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, Group
 from .golden import golden
 from .ingest import ingest_command
+from .metrics import metrics_command
 from .options import version_option
 from .setup import setup
 from .store import export, jobs, replay
@@ -44,5 +45,6 @@ def main() -> None:
 
 
 for _command, _name in ((trace_job, "trace"), (ingest_command, "ingest"), (setup, "setup"), (replay, "replay"),
-                        (export, "export"), (jobs, "jobs"), (golden, "golden"), (demo, "demo"), (watch, "watch")):
+                        (export, "export"), (jobs, "jobs"), (golden, "golden"), (demo, "demo"), (watch, "watch"),
+                        (metrics_command, "metrics")):
     main.add_command(_command, name=_name)

@@ -1,0 +1,65 @@
+"""``jobtrace metrics``: the node's running jobs as a Prometheus scrape endpoint (:mod:`metrics`)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from jobtrace import config
+from jobtrace.errors import ConfigError
+
+from .exitcodes import Command
+
+__all__ = ["metrics_command"]
+
+
+@click.command(cls=Command)
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
+              help="The embedded store the node's ranks write.")
+@click.option("--job", "jobs", multiple=True, help="Only these jobs (default: every job writing to the store).")
+@click.option("--listen", default="127.0.0.1:9464", show_default=True,
+              help="host:port of the /metrics endpoint (0.0.0.0 exposes it to the network: mind who can read it).")
+@click.option("--forget-after", type=click.FloatRange(10), default=900.0, show_default=True,
+              help="Seconds after a job's last event before its series are dropped (they go stale in Prometheus).")
+@click.option("--once", is_flag=True, help="Print one scrape's text to stdout and exit (for a look, or a cron job).")
+def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, forget_after: float, once: bool) -> None:
+    """Serve every running job of this node's store as Prometheus metrics, one endpoint per node.
+
+    Per rank (labels job, rank, node, local_rank; never a step): step time and its histogram (exemplars:
+    the step's trace and span), steps, time in collectives and its share, heartbeat age, and what the job
+    logs: loss, grad norm, learning rate, loss scale, skipped steps, samples/s, tokens/s, TFLOP/s, MFU,
+    host RSS, CUDA allocated/reserved/peak. The ranks pay nothing: the sidecar reads what they already
+    write, and keeps reporting a hung rank (its heartbeat age grows).
+
+    \b
+    Examples:
+      jobtrace metrics                               # http://127.0.0.1:9464/metrics
+      jobtrace metrics --once --job run-17
+
+    Scrape it with honor_labels: true (the series carry the training job's own "job" label); see
+    docs/metrics.md. Exit status: 0 stopped, 2 usage error, 3 error (the port is taken), 4 internal error.
+    """
+    from metrics import StoreMetrics, serve
+
+    collector = StoreMetrics(data_dir, jobs, forget_after_s=forget_after)
+    if once:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        click.echo(generate_latest(registry).decode(), nl=False)
+        return
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"{listen!r}: expected host:port", param_hint="--listen")
+    try:
+        serve(collector, host.strip("[]"), int(port))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    click.echo(f"serving http://{listen}/metrics for the jobs in {data_dir} (Ctrl-C stops)", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass

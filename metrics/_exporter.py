@@ -1,0 +1,160 @@
+"""The running jobs of a node's embedded store as Prometheus metrics: one endpoint per node, off the ranks.
+
+Why a sidecar and not an endpoint in each rank (or in local rank 0): the ranks already write every
+event to the store, so reading it back costs the training processes nothing, and the endpoint
+outlives them. A hung or frozen rank can serve nothing, and a rank 0 that died takes its node's
+endpoint with it; the sidecar keeps reporting both, with ``jobtrace_heartbeat_age_seconds`` growing,
+which is what the alert rules need. One process per node also means one scrape target per node
+whatever the number of ranks (``jobtrace metrics serve``).
+
+Each scrape reads only what the ranks appended since the last one (:class:`queries.LocalTail`). A
+job whose files have not changed for ``forget_after_s`` is dropped, so its series go stale in
+Prometheus instead of being reported forever; older jobs are never read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from jobtrace.store import job_dir
+from queries import LocalTail, list_local_jobs
+
+from ._state import COUNTERS, GAUGES, STEP_BUCKETS, RankMetrics
+
+__all__ = ["StoreMetrics"]
+
+
+class StoreMetrics:
+    """A ``prometheus_client`` collector over the jobs in the store at ``data_dir`` (or only ``jobs``)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], jobs: Sequence[str] = (), *,
+                 forget_after_s: float = 900.0) -> None:
+        self.data_dir = data_dir
+        self.only = tuple(jobs)
+        self.forget_after_s = forget_after_s
+        self.tails: dict[str, LocalTail] = {}
+        self.ranks: dict[tuple[str, int], RankMetrics] = {}
+        self.scrapes = 0
+        self.skipped = 0
+
+    # ---- following the store ----------------------------------------------------------------------
+    def poll(self, now_ns: int | None = None) -> None:
+        """Read what the jobs' ranks appended since the last call; drop the jobs that stopped writing."""
+        now_ns = now_ns or time.time_ns()
+        horizon = now_ns - int(self.forget_after_s * 1e9)
+        for job in self.only or list_local_jobs(self.data_dir):
+            if job not in self.tails and _newest_write_ns(job_dir(self.data_dir, job)) < horizon:
+                continue  # an old job: never read
+            tail = self.tails.setdefault(job, LocalTail(self.data_dir, job))
+            try:
+                events = tail.read()
+            except Exception:  # noqa: BLE001 - a job removed or pruned meanwhile: forget it
+                self._forget(job)
+                continue
+            for e in events:
+                rank = e.get("rank")
+                if isinstance(rank, int):
+                    key = (job, rank)
+                    r = self.ranks.get(key) or self.ranks.setdefault(key, RankMetrics(job, rank))
+                    r.feed(e)
+            self.skipped = sum(t.skipped for t in self.tails.values())
+        for job in list(self.tails):
+            newest = max((r.last_event_ns for (j, _), r in self.ranks.items() if j == job), default=0)
+            if newest and newest < horizon:
+                self._forget(job)
+
+    def _forget(self, job: str) -> None:
+        self.tails.pop(job, None)
+        for key in [k for k in self.ranks if k[0] == job]:
+            del self.ranks[key]
+
+    # ---- exposition -------------------------------------------------------------------------------
+    def collect(self) -> Iterator[Any]:
+        """The metric families, read fresh (``prometheus_client`` calls this on every scrape)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.samples import Exemplar
+
+        now = time.time_ns()
+        self.poll(now)
+        self.scrapes += 1
+        ranks = sorted(self.ranks.values(), key=lambda r: (r.job, r.rank))
+        names = ["job", "rank", "node", "local_rank"]
+
+        def labels(r: RankMetrics) -> list[str]:
+            lab = r.labels()
+            return [lab.get(n, "") for n in names]
+
+        step = GaugeMetricFamily("jobtrace_step", "The last step the rank finished.", labels=names)
+        step_s = GaugeMetricFamily("jobtrace_step_seconds", "The last step's duration.", labels=names)
+        compute = GaugeMetricFamily("jobtrace_compute_seconds",
+                                    "The last step's duration less its time in collectives: a straggler's is the "
+                                    "longest (the others wait for it in the collective).", labels=names)
+        coll = GaugeMetricFamily("jobtrace_collective_seconds",
+                                 "The last step's time in (synchronous) collectives: what it waited.", labels=names)
+        share = GaugeMetricFamily("jobtrace_comm_share_ratio",
+                                  "The last step's share of time in collectives (0-1).", labels=names)
+        age = GaugeMetricFamily("jobtrace_heartbeat_age_seconds",
+                                "Seconds since the rank's last event, heartbeats included: grows on a hang.",
+                                labels=names)
+        steps = CounterMetricFamily("jobtrace_steps", "Steps the rank finished.", labels=names)
+        hist = HistogramMetricFamily("jobtrace_step_duration_seconds",
+                                     "Step durations (exemplars: the trace and span of a step).", labels=names)
+        gauges: dict[str, Any] = {}
+        counters: dict[str, Any] = {}
+        for r in ranks:
+            lab = labels(r)
+            age.add_metric(lab, max(0.0, (now - r.last_event_ns) / 1e9))
+            if r.step is None:
+                continue
+            step.add_metric(lab, r.step)
+            steps.add_metric(lab, r.steps_total)
+            if r.step_seconds is not None:
+                step_s.add_metric(lab, r.step_seconds)
+                if r.collective_seconds is not None:
+                    coll.add_metric(lab, r.collective_seconds)
+                    compute.add_metric(lab, max(0.0, r.step_seconds - r.collective_seconds))
+                    if r.step_seconds > 0:
+                        share.add_metric(lab, min(1.0, r.collective_seconds / r.step_seconds))
+            cumulative = 0
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+            for i, bound in enumerate(STEP_BUCKETS):
+                cumulative += r.buckets[i]
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                ex = r.exemplars.get(i)
+                if ex is None:
+                    buckets.append((le, cumulative))
+                else:
+                    buckets.append((le, cumulative, Exemplar({"trace_id": ex["trace_id"], "span_id": ex["span_id"]},
+                                                             ex["value"], ex["ts"])))
+            hist.add_metric(lab, buckets, r.step_sum)
+        for r in ranks:
+            lab = labels(r)
+            for name, value in r.values.items():
+                series, help_text = GAUGES[name]
+                family = gauges.get(series) or gauges.setdefault(
+                    series, GaugeMetricFamily(series, help_text, labels=names))
+                family.add_metric(lab, value)
+            for name, value in r.counters.items():
+                series, help_text = COUNTERS[name]
+                family = counters.get(series) or counters.setdefault(
+                    series, CounterMetricFamily(series, help_text, labels=names))
+                family.add_metric(lab, value)
+        yield from (step, steps, step_s, hist, compute, coll, share, age, *gauges.values(), *counters.values())
+        jobs = GaugeMetricFamily("jobtrace_exporter_jobs", "Jobs this exporter follows.")
+        jobs.add_metric([], len(self.tails))
+        yield jobs
+
+
+def _newest_write_ns(directory: os.PathLike[str] | str) -> int:
+    newest = 0
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.name.endswith(".jsonl"):
+                    newest = max(newest, entry.stat().st_mtime_ns)
+    except OSError:
+        return 0
+    return newest
