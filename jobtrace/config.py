@@ -247,7 +247,10 @@ KIBANA: Final = _server("KIBANA", "Kibana", "Not used by Kibana.",
                         "Kibana or OpenSearch Dashboards: `jobtrace setup` imports the saved objects, and findings "
                         "link to Discover. Credentials default to the `JOBTRACE_ES_*` ones.")
 
-_SERVERS: Final = {s.prefix: s for s in (LOKI, VL, ES, KIBANA)}
+PROM: Final = _server("PROM", "Prometheus remote write", "Tenant (`X-Scope-OrgID`: Mimir, Cortex).",
+                      "Where `jobtrace metrics --remote-write` pushes (Prometheus' `…/api/v1/write`, Mimir, "
+                      "VictoriaMetrics).")
+_SERVERS: Final = {s.prefix: s for s in (LOKI, VL, ES, KIBANA, PROM)}
 
 # ---- installing -------------------------------------------------------------------------------------
 REQUIRE_NATIVE: Final = _var("JOBTRACE_REQUIRE_NATIVE", "bool", "0",

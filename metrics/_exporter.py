@@ -15,6 +15,7 @@ Prometheus instead of being reported forever; older jobs are never read.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ class StoreMetrics:
         self.ranks: dict[tuple[str, int], RankMetrics] = {}
         self.scrapes = 0
         self.skipped = 0
+        self._lock = threading.Lock()  # a scrape (the HTTP server's thread) and a push may come at once
 
     # ---- following the store ----------------------------------------------------------------------
     def poll(self, now_ns: int | None = None) -> None:
@@ -74,6 +76,10 @@ class StoreMetrics:
     # ---- exposition -------------------------------------------------------------------------------
     def collect(self) -> Iterator[Any]:
         """The metric families, read fresh (``prometheus_client`` calls this on every scrape)."""
+        with self._lock:
+            yield from self._collect()
+
+    def _collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
         from prometheus_client.samples import Exemplar
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,9 @@ from jobtrace import config
 from jobtrace.errors import ConfigError
 
 from .exitcodes import Command
+
+if TYPE_CHECKING:
+    from metrics import RemoteWriter, StoreMetrics
 
 __all__ = ["metrics_command"]
 
@@ -19,11 +23,18 @@ __all__ = ["metrics_command"]
               help="The embedded store the node's ranks write.")
 @click.option("--job", "jobs", multiple=True, help="Only these jobs (default: every job writing to the store).")
 @click.option("--listen", default="127.0.0.1:9464", show_default=True,
-              help="host:port of the /metrics endpoint (0.0.0.0 exposes it to the network: mind who can read it).")
+              help="host:port of the /metrics endpoint (0.0.0.0 exposes it to the network: mind who can read it); "
+              "'' serves none (push only).")
+@click.option("--remote-write", "remote_write", default=None, metavar="URL",
+              help="Also push the series there by Prometheus remote write every --push-interval (credentials: "
+              "JOBTRACE_PROM_*). Default: JOBTRACE_PROM_URL if set.")
+@click.option("--push-interval", type=click.FloatRange(1), default=15.0, show_default=True,
+              help="Seconds between two remote-write pushes.")
 @click.option("--forget-after", type=click.FloatRange(10), default=900.0, show_default=True,
               help="Seconds after a job's last event before its series are dropped (they go stale in Prometheus).")
 @click.option("--once", is_flag=True, help="Print one scrape's text to stdout and exit (for a look, or a cron job).")
-def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, forget_after: float, once: bool) -> None:
+def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, remote_write: str | None, push_interval: float,
+                    forget_after: float, once: bool) -> None:
     """Serve every running job of this node's store as Prometheus metrics, one endpoint per node.
 
     Per rank (labels job, rank, node, local_rank; never a step): step time and its histogram (exemplars:
@@ -36,6 +47,7 @@ def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, forget_af
     Examples:
       jobtrace metrics                               # http://127.0.0.1:9464/metrics
       jobtrace metrics --once --job run-17
+      jobtrace metrics --listen '' --remote-write https://mimir.example/api/v1/push
 
     Scrape it with honor_labels: true (the series carry the training job's own "job" label); see
     docs/metrics.md. Exit status: 0 stopped, 2 usage error, 3 error (the port is taken), 4 internal error.
@@ -50,16 +62,40 @@ def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, forget_af
         registry.register(collector)
         click.echo(generate_latest(registry).decode(), nl=False)
         return
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"{listen!r}: expected host:port", param_hint="--listen")
-    try:
-        serve(collector, host.strip("[]"), int(port))
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
-    click.echo(f"serving http://{listen}/metrics for the jobs in {data_dir} (Ctrl-C stops)", err=True)
+    writer: RemoteWriter | None = None
+    if remote_write or config.get_str(config.PROM.url):
+        from metrics import RemoteWriter
+
+        writer = RemoteWriter(remote_write)
+    if listen:
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise click.BadParameter(f"{listen!r}: expected host:port", param_hint="--listen")
+        try:
+            serve(collector, host.strip("[]"), int(port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+        click.echo(f"serving http://{listen}/metrics for the jobs in {data_dir} (Ctrl-C stops)", err=True)
+    elif writer is None:
+        raise click.UsageError("nothing to do: --listen '' serves nothing and no --remote-write is given")
     try:
         while True:
-            time.sleep(3600)
+            if writer is None:
+                time.sleep(3600)
+                continue
+            _push(writer, collector)
+            time.sleep(push_interval)
     except KeyboardInterrupt:
         pass
+
+
+def _push(writer: RemoteWriter, collector: StoreMetrics) -> None:
+    """One push; a failure is said once per different error, and the next interval tries again."""
+    from jobtrace.errors import ShipperError
+
+    before = writer.last_error
+    try:
+        writer.push(collector.collect())
+    except ShipperError as exc:
+        if writer.last_error != before:
+            click.echo(f"jobtrace metrics: {exc} (retrying every interval)", err=True)

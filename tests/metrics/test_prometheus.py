@@ -57,22 +57,24 @@ def _short_rules(tmp_path: Path) -> Path:
 
 
 class Prometheus:
-    def __init__(self, tmp_path: Path, target: str, rule_files: list[Path], alertmanager: str) -> None:
+    def __init__(self, tmp_path: Path, target: str | None = None, rule_files: tuple[Path, ...] = (),
+                 alertmanager: str | None = None) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         conf = tmp_path / "prometheus.yml"
-        conf.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(p) for p in rule_files],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager.split("//")[1]]}]}]},
+        doc: dict = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                     "rule_files": [str(p) for p in rule_files]}
+        if alertmanager:
+            doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager.split("//")[1]]}]}]}
+        if target:
             # the series carry the training job's own "job" label: honour it (docs/metrics.md)
-            "scrape_configs": [{"job_name": "jobtrace", "honor_labels": True,
-                                "static_configs": [{"targets": [target]}]}],
-        }))
+            doc["scrape_configs"] = [{"job_name": "jobtrace", "honor_labels": True,
+                                      "static_configs": [{"targets": [target]}]}]
+        conf.write_text(yaml.safe_dump(doc))
         assert PROMETHEUS is not None
         self.proc = subprocess.Popen([PROMETHEUS, f"--config.file={conf}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                      f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                      f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -117,7 +119,7 @@ def test_a_real_job_scraped_by_a_real_prometheus_and_its_alert_in_alertmanager(t
     sidecar = subprocess.Popen([sys.executable, "-m", "jobtrace.cli", "metrics", "--data-dir", str(tmp_path),
                                 "--listen", f"127.0.0.1:{port}"], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    prom = Prometheus(tmp_path, f"127.0.0.1:{port}", [RULES, _short_rules(tmp_path)], alertmanager)
+    prom = Prometheus(tmp_path, f"127.0.0.1:{port}", (RULES, _short_rules(tmp_path)), alertmanager)
     try:
         series = prom.wait('jobtrace_compute_seconds{job="prom-job"}', 3)
         assert sorted(s["metric"]["rank"] for s in series) == ["0", "1", "2"]
@@ -151,3 +153,44 @@ def test_a_real_job_scraped_by_a_real_prometheus_and_its_alert_in_alertmanager(t
         job.stop()
         prom.close()
         stop_tree(sidecar)
+
+
+@needs_prometheus
+@pytest.mark.torchjob
+def test_remote_write_pushes_the_same_series_to_a_real_prometheus(tmp_path):
+    """``jobtrace metrics --listen '' --remote-write``: a finished real job's last values arrive by remote write,
+    and a push the server refuses is an error said once, not a crash."""
+    pytest.importorskip("torch", reason="a torch.distributed job")
+    pytest.importorskip("prometheus_client", reason="jobtrace[metrics]")
+    import orjson
+
+    from jobtrace.demo import DemoConfig, run_job
+    from jobtrace.errors import ShipperError
+    from metrics import RemoteWriter, StoreMetrics
+    from tests.procs import stop_tree
+
+    assert run_job(DemoConfig(job_id="rw-job", data_dir=str(tmp_path / "d"), ranks=2, steps=20)) == 0
+    prom = Prometheus(tmp_path)
+    pusher = subprocess.Popen([sys.executable, "-m", "jobtrace.cli", "metrics", "--data-dir", str(tmp_path / "d"),
+                               "--listen", "", "--remote-write", prom.url + "/api/v1/write", "--push-interval", "1"],
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        steps = prom.wait('jobtrace_step{job="rw-job"}', 2)
+        assert sorted((s["metric"]["rank"], s["value"][1]) for s in steps) == [("0", "19"), ("1", "19")]
+        losses = {s["metric"]["rank"]: float(s["value"][1]) for s in prom.wait('jobtrace_loss{job="rw-job"}', 2)}
+        events = [orjson.loads(line) for f in (tmp_path / "d" / "rw-job").glob("*.jsonl")
+                  for line in f.read_bytes().splitlines()]
+        last = {}
+        for e in sorted((e for e in events if e.get("kind") == "metric" and "loss" in (e.get("metrics") or {})),
+                        key=lambda e: e["ts"]):
+            last[str(e["rank"])] = e["metrics"]["loss"]
+        assert losses == pytest.approx(last)
+        assert prom.wait('jobtrace_step_duration_seconds_count{job="rw-job"}', 2)
+        refused = RemoteWriter(prom.url + "/api/v1/nope")  # a real 404 from the real server
+        with pytest.raises(ShipperError, match="remote write refused: HTTP 404"):
+            refused.push(StoreMetrics(tmp_path / "d", forget_after_s=1e9).collect())
+        assert refused.failures == 1 and refused.pushes == 1 and refused.samples == 0
+    finally:
+        stop_tree(pusher)
+        prom.close()
