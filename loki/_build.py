@@ -17,10 +17,16 @@ from typing import Any
 
 from . import ASSETS, QueryLibrary, library
 
-__all__ = ["DASHBOARDS", "LOKI_DS", "TRACE_DS", "build", "check", "rules_yaml", "vlogs_rules_yaml", "write"]
+__all__ = ["DASHBOARDS", "INPUTS", "LOKI_DS", "PANEL_DS", "TRACE_DS", "build", "check", "rules_yaml", "vlogs_rules_yaml", "write"]
 
 LOKI_DS = {"type": "loki", "uid": "jobtrace-loki"}
 TRACE_DS = {"type": "tempo", "uid": "jobtrace-tempo"}
+PANEL_DS = {"type": "loki", "uid": "${datasource}"}
+"""What panels and variables use: the dashboard's ``datasource`` variable, so that a dashboard imported into an
+existing Grafana runs on whichever Loki it is given (``__inputs``), and the provisioned one on jobtrace's."""
+
+INPUTS = [{"name": "DS_LOKI", "label": "Loki", "description": "The Loki (or VictoriaLogs' Loki API) jobtrace ships to",
+           "type": "datasource", "pluginId": "loki", "pluginName": "Loki"}]
 
 
 @dataclass(frozen=True)
@@ -90,10 +96,14 @@ DASHBOARDS: dict[str, tuple[str, str, list[list[Panel]]]] = {
 
 def _variables() -> list[dict[str, Any]]:
     return [
-        {"name": "job", "label": "Job", "type": "query", "datasource": LOKI_DS, "query": "label_values(job)",
+        # Grafana's import puts the chosen data source's uid where ${DS_LOKI} is; provisioned, no such uid exists
+        # and the variable falls back to the first Loki data source (jobtrace's, the default).
+        {"name": "datasource", "label": "Loki", "type": "datasource", "query": "loki", "refresh": 1,
+         "current": {"text": "${DS_LOKI}", "value": "${DS_LOKI}"}, "options": [], "hide": 0},
+        {"name": "job", "label": "Job", "type": "query", "datasource": PANEL_DS, "query": "label_values(job)",
          "definition": "label_values(job)", "refresh": 2, "sort": 1, "multi": False, "includeAll": False,
          "current": {}, "options": []},
-        {"name": "node", "label": "Node", "type": "query", "datasource": LOKI_DS,
+        {"name": "node", "label": "Node", "type": "query", "datasource": PANEL_DS,
          "query": 'label_values({job=~"$job"}, node)', "definition": 'label_values({job=~"$job"}, node)',
          "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "allValue": ".*",
          "current": {"text": "All", "value": "$__all"}, "options": []},
@@ -105,7 +115,7 @@ def _variables() -> list[dict[str, Any]]:
 def _panel(lib: QueryLibrary, p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     q = lib[p.query]
     target: dict[str, Any] = {
-        "refId": "A", "datasource": LOKI_DS, "expr": lib.grafana(p.query), "editorMode": "code",
+        "refId": "A", "datasource": PANEL_DS, "expr": lib.grafana(p.query), "editorMode": "code",
         "queryType": "instant" if p.instant else "range",
     }
     if q.type == "metric":
@@ -115,7 +125,7 @@ def _panel(lib: QueryLibrary, p: Panel, pid: int, x: int, y: int) -> dict[str, A
     panel: dict[str, Any] = {
         "id": pid, "type": p.type, "title": p.title,
         "description": f"{q.answers}\n\nlibrary: {p.query}",
-        "datasource": LOKI_DS, "gridPos": {"x": x, "y": y, "w": p.w, "h": p.h}, "targets": [target],
+        "datasource": PANEL_DS, "gridPos": {"x": x, "y": y, "w": p.w, "h": p.h}, "targets": [target],
     }
     defaults: dict[str, Any] = {}
     if p.unit or q.unit:
@@ -150,6 +160,8 @@ def dashboard(uid: str, lib: QueryLibrary | None = None) -> dict[str, Any]:
     links = [{"title": t, "type": "link", "url": f"/d/{u}?${{__url_time_range}}&${{__all_variables}}"}
              for u, (t, _, _) in DASHBOARDS.items() if u != uid]
     return {
+        "__inputs": INPUTS,
+        "__requires": [{"type": "datasource", "id": "loki", "name": "Loki", "version": "1.0.0"}],
         "id": None, "uid": uid, "title": title, "description": description,
         "tags": ["jobtrace", "loki", "training"], "timezone": "browser", "editable": True, "graphTooltip": 1,
         "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "schemaVersion": 39, "version": 1,

@@ -190,7 +190,10 @@ def test_every_mounted_file_exists_and_grafana_gets_the_provisioning():
               if v.startswith(".")}
     assert mounts["/etc/grafana/provisioning/datasources/jobtrace.yaml"] == DEPLOY / "loki" / "grafana" / "datasources.yaml"
     provider = load(ROOT / "loki" / "grafana" / "provisioning" / "dashboards" / "jobtrace.yaml")
-    assert mounts[provider["providers"][0]["options"]["path"]] == ROOT / "loki" / "grafana" / "dashboards"
+    under = {source for target, source in mounts.items()
+             if target.startswith(provider["providers"][0]["options"]["path"] + "/")}
+    # the provider walks its folder: the Loki boards and the Prometheus board are both under it
+    assert under == {ROOT / "loki" / "grafana" / "dashboards", ROOT / "metrics" / "grafana" / "jobtrace-metrics.json"}
     loki_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["loki"]["volumes"]}
     rules_dir = load(LOKI_STACK.parent / "loki.yaml")["ruler"]["storage"]["local"]["directory"]
     # the ruler reads the rules of the tenant the gateway sets

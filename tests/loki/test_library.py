@@ -11,7 +11,7 @@ import yaml
 
 import loki
 from jobtrace.errors import ConfigError
-from loki._build import DASHBOARDS, LOKI_DS, TRACE_DS, build, rules_yaml
+from loki._build import DASHBOARDS, LOKI_DS, PANEL_DS, TRACE_DS, build, rules_yaml
 from tests.loki.conftest import lezer_parse
 from tests.loki.fake_loki import go_unquote
 
@@ -173,7 +173,7 @@ class TestGrafana:
                 name = re.search(r"library: (\w+)$", panel["description"]).group(1)
                 (target,) = panel["targets"]
                 assert target["expr"] == lib.grafana(name), (uid, panel["title"])
-                assert target["datasource"] == LOKI_DS
+                assert target["datasource"] == PANEL_DS == panel["datasource"]
                 assert 1 <= panel["gridPos"]["w"] <= 24
                 assert (lib[name].type == "log") == (panel["type"] == "logs")
                 seen.add(name)
@@ -187,16 +187,25 @@ class TestGrafana:
             assert {"job", "node", "rank"} <= defined
             text = json.dumps(d["panels"]) + json.dumps(d["templating"]) + json.dumps(d["links"])
             used = set(re.findall(r"\$\{?(\w+)", text))
-            assert used - GRAFANA_BUILTINS <= defined, uid
+            inputs = {i["name"] for i in d["__inputs"]}  # what Grafana's import replaces
+            assert used - GRAFANA_BUILTINS <= defined | inputs, uid
 
-    def test_dashboards_only_use_provisioned_data_sources(self):
+    def test_dashboards_run_on_a_datasource_variable_and_import_anywhere(self):
+        """Panels and queries use ``${datasource}``, a variable of type datasource over Loki; ``__inputs`` names
+        the data source Grafana's import asks for, and the variable's default is it; provisioned, the
+        variable falls back to the provisioned Loki (the only one of its type)."""
         ds = yaml.safe_load((loki.ASSETS / "grafana" / "provisioning" / "datasources" / "jobtrace.yaml").read_text())
-        uids = {d["uid"] for d in ds["datasources"]}
-        for d in _dashboards().values():
+        provisioned = {d["type"] for d in ds["datasources"]}
+        for uid, d in _dashboards().items():
+            (var,) = [v for v in d["templating"]["list"] if v["type"] == "datasource"]
+            assert var["name"] == "datasource" and var["query"] == "loki" and "loki" in provisioned
+            (inp,) = d["__inputs"]
+            assert inp["type"] == "datasource" and inp["pluginId"] == "loki"
+            assert var["current"]["value"] == "${" + inp["name"] + "}"
             used = {p["datasource"]["uid"] for p in d["panels"]} | {t["datasource"]["uid"] for p in d["panels"]
                                                                       for t in p["targets"]}
             used |= {v["datasource"]["uid"] for v in d["templating"]["list"] if "datasource" in v}
-            assert used <= uids
+            assert used == {"${datasource}"}, uid
 
 
 def test_packaged_files_are_in_the_package_data():

@@ -1,0 +1,151 @@
+"""The Grafana monitoring board on Prometheus: ``metrics/grafana/jobtrace-metrics.json``, generated here.
+
+    python -m metrics build    # rewrite the dashboard
+    python -m metrics check    # exit 1 when the committed file differs
+
+Panels query the series of :mod:`metrics._state` (and dcgm-exporter's ``DCGM_FI_*`` for the GPUs) through a
+``${datasource}`` variable, so the board imports into any Grafana (``__inputs``). A panel's data link opens
+the logs of that job and rank at that time (the ``jobtrace-logs`` board, on Loki); the step-time heatmap
+shows exemplars, each the trace of a step (the data source's exemplar link opens it in Tempo). Prometheus'
+``ALERTS`` for jobtrace's rules are annotations.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["DASHBOARD_PATH", "PANELS", "dashboard", "main"]
+
+DASHBOARD_PATH: Final = Path(__file__).parent / "grafana" / "jobtrace-metrics.json"
+DS: Final = {"type": "prometheus", "uid": "${datasource}"}
+SEL: Final = 'job=~"$job", rank=~"$rank"'
+"""Every per-rank query's selector: the chosen jobs and ranks."""
+
+# (title, type, width, height, unit, [(expr, legend)], extra options)
+PANELS: Final[list[list[tuple[str, str, int, int, str, list[tuple[str, str]], dict[str, Any]]]]] = [
+    [("Step time per rank (s): a straggler's row is bright", "heatmap", 24, 10, "s",
+      [(f"jobtrace_step_seconds{{{SEL}}}", "rank {{rank}}")],
+      {"calculate": False, "yAxis": {"axisLabel": "rank"}, "color": {"scheme": "Oranges", "mode": "scheme"}})],
+    [("Step-time distribution (exemplars: a step's trace)", "heatmap", 12, 9, "s",
+      [(f"sum by (le) (rate(jobtrace_step_duration_seconds_bucket{{{SEL}}}[$__rate_interval]))", "{{le}}")],
+      {"calculate": False, "exemplars": {"color": "rgba(255,0,255,0.7)"}, "yAxis": {"unit": "s"}}),
+     ("Compute per rank (step less its collective wait: the straggler is highest)", "timeseries", 12, 9, "s",
+      [(f"jobtrace_compute_seconds{{{SEL}}}", "rank {{rank}}")], {})],
+    [("Throughput", "timeseries", 12, 8, "short",
+      [('sum by (job) (rate(jobtrace_steps_total{job=~"$job"}[$__rate_interval]))', "{{job}} steps/s"),
+       ('sum by (job) (jobtrace_samples_per_second{job=~"$job"})', "{{job}} samples/s"),
+       ('sum by (job) (jobtrace_tokens_per_second{job=~"$job"})', "{{job}} tokens/s")], {}),
+     ("Collective wait per rank (s)", "timeseries", 12, 8, "s",
+      [(f"jobtrace_collective_seconds{{{SEL}}}", "rank {{rank}}")], {})],
+    [("Loss", "timeseries", 8, 8, "short", [(f"jobtrace_loss{{{SEL}}}", "rank {{rank}}")], {}),
+     ("Grad norm", "timeseries", 8, 8, "short", [(f"jobtrace_grad_norm{{{SEL}}}", "rank {{rank}}")], {}),
+     ("Learning rate", "timeseries", 8, 8, "short", [(f"jobtrace_learning_rate{{{SEL}}}", "rank {{rank}}")], {})],
+    [("Host memory (RSS) per rank", "timeseries", 8, 8, "bytes",
+      [(f"jobtrace_host_rss_bytes{{{SEL}}}", "rank {{rank}}")], {}),
+     ("CUDA memory per rank", "timeseries", 8, 8, "bytes",
+      [(f"jobtrace_cuda_allocated_bytes{{{SEL}}}", "rank {{rank}} allocated"),
+       (f"jobtrace_cuda_reserved_bytes{{{SEL}}}", "rank {{rank}} reserved")], {}),
+     ("CUDA fragmentation (reserved - allocated)", "timeseries", 8, 8, "bytes",
+      [(f"jobtrace_cuda_reserved_bytes{{{SEL}}} - jobtrace_cuda_allocated_bytes{{{SEL}}}", "rank {{rank}}")],
+      {})],
+    [("GPU utilisation (dcgm-exporter)", "timeseries", 6, 8, "percent",
+      [("DCGM_FI_DEV_GPU_UTIL", "{{Hostname}} GPU {{gpu}}")], {}),
+     ("GPU memory used (dcgm-exporter)", "timeseries", 6, 8, "decmbytes",
+      [("DCGM_FI_DEV_FB_USED", "{{Hostname}} GPU {{gpu}}")], {}),
+     ("GPU power (dcgm-exporter)", "timeseries", 6, 8, "watt",
+      [("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} GPU {{gpu}}")], {}),
+     ("NVLink throughput (dcgm-exporter)", "timeseries", 6, 8, "Bps",
+      [("DCGM_FI_PROF_NVLINK_TX_BYTES + DCGM_FI_PROF_NVLINK_RX_BYTES", "{{Hostname}} GPU {{gpu}}")], {})],
+    [("Heartbeat age per rank (grows on a hang)", "timeseries", 12, 8, "s",
+      [(f"jobtrace_heartbeat_age_seconds{{{SEL}}}", "rank {{rank}}")], {}),
+     ("Last step per rank", "timeseries", 12, 8, "short", [(f"jobtrace_step{{{SEL}}}", "rank {{rank}}")], {})],
+]
+
+_LOGS_LINK: Final = {
+    "title": "Logs of job ${__field.labels.job}, rank ${__field.labels.rank}, at this time",
+    "url": "/d/jobtrace-logs?var-job=${__field.labels.job}&var-rank=${__field.labels.rank}&${__url_time_range}",
+}
+
+
+def _variables() -> list[dict[str, Any]]:
+    return [
+        {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus", "refresh": 1,
+         "current": {"text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"}, "options": [], "hide": 0},
+        {"name": "job", "label": "Job", "type": "query", "datasource": DS,
+         "query": {"query": "label_values(jobtrace_step, job)", "refId": "jobs"},
+         "definition": "label_values(jobtrace_step, job)", "refresh": 2, "sort": 1, "multi": True,
+         "includeAll": False, "current": {}, "options": []},
+        {"name": "rank", "label": "Rank", "type": "query", "datasource": DS,
+         "query": {"query": 'label_values(jobtrace_step{job=~"$job"}, rank)', "refId": "ranks"},
+         "definition": 'label_values(jobtrace_step{job=~"$job"}, rank)', "refresh": 2, "sort": 3, "multi": True,
+         "includeAll": True, "allValue": ".+", "current": {"text": "All", "value": "$__all"}, "options": []},
+    ]
+
+
+def _panel(pid: int, x: int, y: int, title: str, kind: str, w: int, h: int, unit: str,
+           queries: list[tuple[str, str]], options: dict[str, Any]) -> dict[str, Any]:
+    targets = [{"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend,
+                "editorMode": "code", "range": True, "exemplar": kind == "heatmap" and "bucket" in expr,
+                **({"format": "heatmap"} if "_bucket" in expr else {})}
+               for i, (expr, legend) in enumerate(queries)]
+    panel: dict[str, Any] = {
+        "id": pid, "type": kind, "title": title, "datasource": DS, "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "targets": targets, "fieldConfig": {"defaults": {"unit": unit, "links": [] if "DCGM" in queries[0][0]
+                                                         else [_LOGS_LINK]}, "overrides": []},
+    }
+    if options:
+        panel["options"] = options
+    return panel
+
+
+def dashboard() -> dict[str, Any]:
+    panels, y, pid = [], 0, 1
+    for row in PANELS:
+        if sum(p[2] for p in row) != 24:
+            raise ValueError(f"a row of panels is {sum(p[2] for p in row)} wide, not 24")
+        x = 0
+        for title, kind, w, h, unit, queries, options in row:
+            panels.append(_panel(pid, x, y, title, kind, w, h, unit, queries, options))
+            pid, x = pid + 1, x + w
+        y += max(p[3] for p in row)
+    return {
+        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "pluginId": "prometheus",
+                      "pluginName": "Prometheus", "description": "The Prometheus that scrapes `jobtrace metrics`"}],
+        "__requires": [{"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"}],
+        "id": None, "uid": "jobtrace-metrics", "title": "jobtrace: training metrics",
+        "description": "Per-rank step time, throughput, loss, memory, collective wait and the GPUs, from "
+                       "`jobtrace metrics` (and dcgm-exporter). A point's link opens that rank's logs.",
+        "tags": ["jobtrace", "prometheus", "training"], "timezone": "browser", "editable": True, "graphTooltip": 1,
+        "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "schemaVersion": 39, "version": 1,
+        "templating": {"list": _variables()},
+        "annotations": {"list": [{
+            "name": "jobtrace alerts", "enable": True, "iconColor": "red", "datasource": DS,
+            "expr": 'ALERTS{alertname=~"Jobtrace.*", alertstate="firing", job=~"$job"}',
+            "titleFormat": "{{alertname}}", "textFormat": "rank {{rank}} {{node}}", "useValueForTime": False,
+            "step": "60s"}]},
+        "links": [{"title": "jobtrace: logs with trace links", "type": "link",
+                   "url": "/d/jobtrace-logs?${__url_time_range}&${__all_variables}"}],
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``python -m metrics build`` writes the dashboard; ``check`` exits 1 when the committed one is stale."""
+    if argv[:1] == ["build"]:
+        DASHBOARD_PATH.parent.mkdir(exist_ok=True)
+        DASHBOARD_PATH.write_text(render())
+        print(f"wrote {DASHBOARD_PATH}")
+        return 0
+    if argv[:1] == ["check"]:
+        stale = not DASHBOARD_PATH.exists() or DASHBOARD_PATH.read_text() != render()
+        print(f"{DASHBOARD_PATH}: {'stale (python -m metrics build)' if stale else 'current'}")
+        return 1 if stale else 0
+    print("usage: python -m metrics build|check", file=sys.stderr)
+    return 2

@@ -1,0 +1,45 @@
+"""The Prometheus board (``metrics/grafana/jobtrace-metrics.json``): generated, importable anywhere, and every
+variable it uses defined. Its queries run on a real Prometheus in test_prometheus.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from metrics._dashboard import DASHBOARD_PATH, dashboard, render
+
+BUILTINS = {"__rate_interval", "__interval", "__url_time_range", "__all_variables", "__field", "__value", "__all"}
+
+
+def test_the_committed_board_is_the_generated_one():
+    assert DASHBOARD_PATH.read_text() == render(), "run: python -m metrics build"
+
+
+def test_it_runs_on_a_datasource_variable_and_imports_into_any_grafana():
+    d = json.loads(DASHBOARD_PATH.read_text())
+    (var,) = [v for v in d["templating"]["list"] if v["type"] == "datasource"]
+    (inp,) = d["__inputs"]
+    assert var["name"] == "datasource" and var["query"] == inp["pluginId"] == "prometheus"
+    assert var["current"]["value"] == "${%s}" % inp["name"]
+    uids = {p["datasource"]["uid"] for p in d["panels"]} | {t["datasource"]["uid"] for p in d["panels"]
+                                                             for t in p["targets"]}
+    uids |= {v["datasource"]["uid"] for v in d["templating"]["list"] if "datasource" in v}
+    uids |= {a["datasource"]["uid"] for a in d["annotations"]["list"]}
+    assert uids == {"${datasource}"}
+    job, rank = (next(v for v in d["templating"]["list"] if v["name"] == n) for n in ("job", "rank"))
+    assert job["multi"] and rank["multi"] and rank["includeAll"]
+
+
+def test_every_variable_used_is_defined_and_no_query_has_a_step_label():
+    d = dashboard()
+    defined = {v["name"] for v in d["templating"]["list"]} | {i["name"] for i in d["__inputs"]}
+    text = json.dumps(d["panels"]) + json.dumps(d["templating"]) + json.dumps(d["annotations"]) + json.dumps(d["links"])
+    used = set(re.findall(r"\$\{?(\w+)", text))
+    assert used - BUILTINS <= defined
+    exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]
+    assert exprs and not any("step=" in e for e in exprs)
+    for p in d["panels"]:
+        if any(t["expr"].startswith("jobtrace_") or "(jobtrace_" in t["expr"] for t in p["targets"]):
+            assert p["fieldConfig"]["defaults"]["links"], p["title"]  # to the rank's logs at that time
+    heat = [p for p in d["panels"] if p["type"] == "heatmap"]
+    assert any(t.get("exemplar") for p in heat for t in p["targets"])
