@@ -9,11 +9,12 @@ See :mod:`metrics._exporter` for why a sidecar, :mod:`metrics._state` for the se
 from __future__ import annotations
 
 from ._exporter import StoreMetrics
+from ._gpu import GpuReading, GpuSampler
 from ._remote_write import RemoteWriter, encode_write_request
 from ._state import COUNTERS, GAUGES, STEP_BUCKETS, RankMetrics
 
-__all__ = ["COUNTERS", "GAUGES", "STEP_BUCKETS", "RankMetrics", "RemoteWriter", "StoreMetrics", "encode_write_request",
-           "serve"]
+__all__ = ["COUNTERS", "GAUGES", "STEP_BUCKETS", "GpuReading", "GpuSampler", "RankMetrics", "RemoteWriter",
+           "StoreMetrics", "encode_write_request", "serve"]
 
 
 def serve(collector: StoreMetrics, host: str, port: int) -> tuple[object, object]:

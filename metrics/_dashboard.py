@@ -3,7 +3,8 @@
     python -m metrics build    # rewrite the dashboard
     python -m metrics check    # exit 1 when the committed file differs
 
-Panels query the series of :mod:`metrics._state` (and dcgm-exporter's ``DCGM_FI_*`` for the GPUs) through a
+Panels query the series of :mod:`metrics._state` and :mod:`metrics._gpu` (and dcgm-exporter's ``DCGM_FI_*``
+beside them, for its users) through a
 ``${datasource}`` variable, so the board imports into any Grafana (``__inputs``). A panel's data link opens
 the logs of that job and rank at that time (the ``jobtrace-logs`` board, on Loki); the step-time heatmap
 shows exemplars, each the trace of a step (the data source's exemplar link opens it in Tempo). Prometheus'
@@ -51,14 +52,27 @@ PANELS: Final[list[list[tuple[str, str, int, int, str, list[tuple[str, str]], di
      ("CUDA fragmentation (reserved - allocated)", "timeseries", 8, 8, "bytes",
       [(f"jobtrace_cuda_reserved_bytes{{{SEL}}} - jobtrace_cuda_allocated_bytes{{{SEL}}}", "rank {{rank}}")],
       {})],
-    [("GPU utilisation (dcgm-exporter)", "timeseries", 6, 8, "percent",
-      [("DCGM_FI_DEV_GPU_UTIL", "{{Hostname}} GPU {{gpu}}")], {}),
-     ("GPU memory used (dcgm-exporter)", "timeseries", 6, 8, "decmbytes",
-      [("DCGM_FI_DEV_FB_USED", "{{Hostname}} GPU {{gpu}}")], {}),
-     ("GPU power (dcgm-exporter)", "timeseries", 6, 8, "watt",
-      [("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} GPU {{gpu}}")], {}),
-     ("NVLink throughput (dcgm-exporter)", "timeseries", 6, 8, "Bps",
-      [("DCGM_FI_PROF_NVLINK_TX_BYTES + DCGM_FI_PROF_NVLINK_RX_BYTES", "{{Hostname}} GPU {{gpu}}")], {})],
+    [("GPU utilisation", "timeseries", 6, 8, "percentunit",
+      [('jobtrace_gpu_utilization_ratio{node=~"$node"}', "{{node}} GPU {{gpu}}"),
+       ("DCGM_FI_DEV_GPU_UTIL / 100", "{{Hostname}} GPU {{gpu}} (dcgm)")], {}),
+     ("GPU memory used", "timeseries", 6, 8, "bytes",
+      [('jobtrace_gpu_memory_used_bytes{node=~"$node"}', "{{node}} GPU {{gpu}}"),
+       ("DCGM_FI_DEV_FB_USED * 1048576", "{{Hostname}} GPU {{gpu}} (dcgm)")], {}),
+     ("GPU power", "timeseries", 6, 8, "watt",
+      [('jobtrace_gpu_power_watts{node=~"$node"}', "{{node}} GPU {{gpu}}"),
+       ("DCGM_FI_DEV_POWER_USAGE", "{{Hostname}} GPU {{gpu}} (dcgm)")], {}),
+     ("NVLink throughput", "timeseries", 6, 8, "Bps",
+      [('sum by (node, gpu) (rate(jobtrace_gpu_nvlink_bytes_total{node=~"$node"}[$__rate_interval]))',
+        "{{node}} GPU {{gpu}}"),
+       ("DCGM_FI_PROF_NVLINK_TX_BYTES + DCGM_FI_PROF_NVLINK_RX_BYTES", "{{Hostname}} GPU {{gpu}} (dcgm)")], {})],
+    [("Kernel events: Xid, ECC, NVLink, OOM killer (per node)", "timeseries", 12, 8, "short",
+      [('increase(jobtrace_node_kernel_events_total{node=~"$node"}[$__rate_interval])', "{{node}} {{kind}}"),
+       ("DCGM_FI_DEV_XID_ERRORS", "{{Hostname}} GPU {{gpu}} last Xid (dcgm)")], {}),
+     ("GPU throttling and ECC", "timeseries", 12, 8, "short",
+      [('jobtrace_gpu_clock_event_active{node=~"$node", reason!~"gpu_idle|applications_clocks"} > 0',
+        "{{node}} GPU {{gpu}} {{reason}}"),
+       ('increase(jobtrace_gpu_ecc_errors_total{node=~"$node"}[$__rate_interval])',
+        "{{node}} GPU {{gpu}} ECC {{type}}")], {})],
     [("Heartbeat age per rank (grows on a hang)", "timeseries", 12, 8, "s",
       [(f"jobtrace_heartbeat_age_seconds{{{SEL}}}", "rank {{rank}}")], {}),
      ("Last step per rank", "timeseries", 12, 8, "short", [(f"jobtrace_step{{{SEL}}}", "rank {{rank}}")], {})],
@@ -81,6 +95,10 @@ def _variables() -> list[dict[str, Any]]:
         {"name": "rank", "label": "Rank", "type": "query", "datasource": DS,
          "query": {"query": 'label_values(jobtrace_step{job=~"$job"}, rank)', "refId": "ranks"},
          "definition": 'label_values(jobtrace_step{job=~"$job"}, rank)', "refresh": 2, "sort": 3, "multi": True,
+         "includeAll": True, "allValue": ".+", "current": {"text": "All", "value": "$__all"}, "options": []},
+        {"name": "node", "label": "Node", "type": "query", "datasource": DS,
+         "query": {"query": 'label_values(jobtrace_step{job=~"$job"}, node)', "refId": "nodes"},
+         "definition": 'label_values(jobtrace_step{job=~"$job"}, node)', "refresh": 2, "sort": 1, "multi": True,
          "includeAll": True, "allValue": ".+", "current": {"text": "All", "value": "$__all"}, "options": []},
     ]
 

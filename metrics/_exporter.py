@@ -21,8 +21,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jobtrace.store import job_dir
-from queries import LocalTail, list_local_jobs
+from queries import LocalTail, list_local_jobs, read_kernel_log
 
+from ._gpu import GpuSampler
 from ._state import COUNTERS, GAUGES, STEP_BUCKETS, RankMetrics
 
 __all__ = ["StoreMetrics"]
@@ -32,8 +33,15 @@ class StoreMetrics:
     """A ``prometheus_client`` collector over the jobs in the store at ``data_dir`` (or only ``jobs``)."""
 
     def __init__(self, data_dir: str | os.PathLike[str], jobs: Sequence[str] = (), *,
-                 forget_after_s: float = 900.0) -> None:
+                 forget_after_s: float = 900.0, gpus: GpuSampler | None = None, kernel_log: bool = False,
+                 node: str = "") -> None:
         self.data_dir = data_dir
+        self.gpus = gpus
+        self.node = node
+        self.kernel_log = kernel_log
+        self.kernel_counts: dict[str, int] = {}
+        self.kernel_error: str | None = None
+        self._kernel_seen_ns = time.time_ns()  # count what happens from now on
         self.only = tuple(jobs)
         self.forget_after_s = forget_after_s
         self.tails: dict[str, LocalTail] = {}
@@ -149,9 +157,50 @@ class StoreMetrics:
                     series, CounterMetricFamily(series, help_text, labels=names))
                 family.add_metric(lab, value)
         yield from (step, steps, step_s, hist, compute, coll, share, age, *gauges.values(), *counters.values())
+        yield from self._gpu_families(GaugeMetricFamily, CounterMetricFamily)
+        if self.kernel_log:
+            yield from self._kernel_families(GaugeMetricFamily, CounterMetricFamily)
         jobs = GaugeMetricFamily("jobtrace_exporter_jobs", "Jobs this exporter follows.")
         jobs.add_metric([], len(self.tails))
         yield jobs
+
+
+    def _gpu_families(self, gauge: Any, counter: Any) -> Iterator[Any]:
+        if self.gpus is None:
+            return
+        families: dict[str, Any] = {}
+        readings = self.gpus.sample()
+        for r in readings:
+            family = families.get(r.name)
+            if family is None:
+                names = list(r.labels)
+                family = families[r.name] = (counter(r.name[: -len("_total")], "GPU counter (NVML).", labels=names)
+                                             if r.name.endswith("_total") else gauge(r.name, "GPU (NVML).", labels=names))
+            family.add_metric(list(r.labels.values()), r.value)
+        yield from families.values()
+        sampled = gauge("jobtrace_exporter_gpus_sampled", "GPUs sampled through NVML (0: none here, or NVML failed).")
+        sampled.add_metric([], len({r.labels["gpu"] for r in readings}))
+        yield sampled
+
+    def _kernel_families(self, gauge: Any, counter: Any) -> Iterator[Any]:
+        """This node's flagged kernel lines (Xid, ECC, NVLink, OOM killer…) counted since the sidecar started."""
+        now = time.time_ns()
+        try:
+            for line in read_kernel_log(self._kernel_seen_ns + 1, now):
+                self.kernel_counts[line.kind] = self.kernel_counts.get(line.kind, 0) + 1
+                self._kernel_seen_ns = max(self._kernel_seen_ns, line.ts_ns)
+            self.kernel_error = None
+        except OSError as exc:
+            self.kernel_error = str(exc)
+        readable = gauge("jobtrace_exporter_kernel_log_readable", "Whether this node's kernel log can be read.")
+        readable.add_metric([], 0 if self.kernel_error else 1)
+        yield readable
+        events = counter("jobtrace_node_kernel_events", "Kernel log lines by what they are evidence of (gpu_xid, "
+                         "gpu_ecc, nvlink, gpu_lost, host_oom, hung_task, segfault, pcie, hardware).",
+                         labels=["node", "kind"])
+        for kind, n in sorted(self.kernel_counts.items()):
+            events.add_metric([self.node, kind], n)
+        yield events
 
 
 def _newest_write_ns(directory: os.PathLike[str] | str) -> int:

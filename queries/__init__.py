@@ -13,7 +13,7 @@ from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_fl
 from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._live import Alert, LiveConfig, LiveState
-from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, slurm_evidence
+from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, read_kernel_log, slurm_evidence
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
 from ._tail import TAIL_BACKENDS, ElasticsearchTail, LocalTail, LokiTail, Tail, VictoriaLogsTail, open_tail
@@ -68,6 +68,7 @@ __all__ = [
     "mark_golden",
     "open_tail",
     "print_report",
+    "read_kernel_log",
     "profile_job",
     "read_flight_recorder",
     "save_golden",

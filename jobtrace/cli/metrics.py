@@ -32,16 +32,22 @@ __all__ = ["metrics_command"]
               help="Seconds between two remote-write pushes.")
 @click.option("--forget-after", type=click.FloatRange(10), default=900.0, show_default=True,
               help="Seconds after a job's last event before its series are dropped (they go stale in Prometheus).")
+@click.option("--gpus/--no-gpus", default=True, show_default=True,
+              help="Sample this node's GPUs through NVML (nvidia-ml-py) at each scrape; nothing where there is none.")
+@click.option("--kernel-log/--no-kernel-log", default=True, show_default=True,
+              help="Count this node's kernel log lines by kind (Xid, ECC, NVLink, OOM killer…) from the start.")
 @click.option("--once", is_flag=True, help="Print one scrape's text to stdout and exit (for a look, or a cron job).")
 def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, remote_write: str | None, push_interval: float,
-                    forget_after: float, once: bool) -> None:
+                    forget_after: float, gpus: bool, kernel_log: bool, once: bool) -> None:
     """Serve every running job of this node's store as Prometheus metrics, one endpoint per node.
 
     Per rank (labels job, rank, node, local_rank; never a step): step time and its histogram (exemplars:
     the step's trace and span), steps, time in collectives and its share, heartbeat age, and what the job
     logs: loss, grad norm, learning rate, loss scale, skipped steps, samples/s, tokens/s, TFLOP/s, MFU,
-    host RSS, CUDA allocated/reserved/peak. The ranks pay nothing: the sidecar reads what they already
-    write, and keeps reporting a hung rank (its heartbeat age grows).
+    host RSS, CUDA allocated/reserved/peak. Per GPU (NVML): utilisation, memory, power, temperature, SM
+    clock, throttle reasons, ECC, PCIe and NVLink throughput; and the node's kernel log lines by kind.
+    The ranks pay nothing: the sidecar reads what they already write, and keeps reporting a hung rank
+    (its heartbeat age grows).
 
     \b
     Examples:
@@ -52,9 +58,13 @@ def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, remote_wr
     Scrape it with honor_labels: true (the series carry the training job's own "job" label); see
     docs/metrics.md. Exit status: 0 stopped, 2 usage error, 3 error (the port is taken), 4 internal error.
     """
-    from metrics import StoreMetrics, serve
+    import socket
 
-    collector = StoreMetrics(data_dir, jobs, forget_after_s=forget_after)
+    from metrics import GpuSampler, StoreMetrics, serve
+
+    node = socket.gethostname()
+    collector = StoreMetrics(data_dir, jobs, forget_after_s=forget_after, node=node, kernel_log=kernel_log,
+                             gpus=GpuSampler(node=node) if gpus else None)
     if once:
         from prometheus_client import CollectorRegistry, generate_latest
 

@@ -106,6 +106,19 @@ def main() -> None:
     else:
         print("CUDA memory: no samples")
     print("verdict:", verdict(out, "healthy") or "healthy")
+    try:  # the sidecar's series of that job, and the GPUs through NVML (the real path of metrics._gpu)
+        scrape = subprocess.run([sys.executable, "-m", "jobtrace.cli", "metrics", "--data-dir", str(out), "--once",
+                                 "--job", "healthy", "--forget-after", "86400"], capture_output=True, text=True,
+                                timeout=120)
+        lines = [x for x in scrape.stdout.splitlines() if not x.startswith("#")]
+        gpu = [x for x in lines if x.startswith(("jobtrace_gpu_", "jobtrace_exporter_gpus"))]
+        rank0 = [x for x in lines if 'rank="0"' in x]
+        print(f"metrics: {len(lines)} samples, {len(rank0)} for rank 0; GPU samples {len(gpu)}:", *gpu[:12],
+              sep="\n  ")
+        if scrape.returncode:
+            print("metrics failed:", scrape.stderr[-2000:])
+    except Exception as exc:  # a report, not a gate
+        print(f"metrics: {type(exc).__name__}: {exc}")
 
     if n >= 2:
         rc, wall, _ = torchrun(n, out, "slow", *extra, "--slow-rank", str(n - 1))

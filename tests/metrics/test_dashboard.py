@@ -43,3 +43,22 @@ def test_every_variable_used_is_defined_and_no_query_has_a_step_label():
             assert p["fieldConfig"]["defaults"]["links"], p["title"]  # to the rank's logs at that time
     heat = [p for p in d["panels"] if p["type"] == "heatmap"]
     assert any(t.get("exemplar") for p in heat for t in p["targets"])
+
+
+def test_the_dcgm_counters_file_is_in_dcgm_exporters_format_and_turns_on_what_it_leaves_off():
+    """deploy/prometheus/dcgm-counters.csv: ``FIELD, type, help`` lines; the Xid, ECC, NVLink-error and violation
+    counters that dcgm-exporter's default-counters.csv ships commented out are on, and every DCGM series the
+    board plots is in it."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "dcgm-counters.csv"
+    rows = [[c.strip() for c in line.split(",", 2)] for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert all(len(r) == 3 and re.fullmatch(r"DCGM_FI_[A-Z0-9_]+", r[0]) and r[1] in ("gauge", "counter", "label")
+               and r[2] for r in rows), rows
+    fields = {r[0] for r in rows}
+    assert len(fields) == len(rows)
+    assert {"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+            "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION"} <= fields
+    plotted = {m for p in dashboard()["panels"] for t in p["targets"] for m in re.findall(r"DCGM_FI_\w+", t["expr"])}
+    assert plotted and plotted <= fields

@@ -141,10 +141,10 @@ def test_a_real_job_scraped_by_a_real_prometheus_and_its_alert_in_alertmanager(t
         board = dashboard()
         for panel in board["panels"]:
             for target in panel["targets"]:
-                expr = (target["expr"].replace("$job", "prom-job").replace("$rank", ".+")
+                expr = (target["expr"].replace("$job", "prom-job").replace("$rank", ".+").replace("$node", ".+")
                         .replace("$__rate_interval", "1m"))
                 result = prom.query(expr)  # a syntax or type error is not "success"
-                if "jobtrace_" in expr and not any(k in expr for k in ("cuda", "tokens", "samples")):
+                if "jobtrace_" in expr and not any(k in expr for k in ("cuda", "tokens", "samples", "gpu", "kernel")):
                     assert result, (panel["title"], expr)
         rules = requests.get(prom.url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
         assert {g["name"] for g in rules} >= {"jobtrace.recording", "jobtrace.alerts"}
