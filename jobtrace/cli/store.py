@@ -9,13 +9,13 @@ import click
 from jobtrace import config
 
 from .exitcodes import Command, finish
-from .options import backend_option
+from .options import Duration, backend_option
 
 SHIP_TO: Final = ("loki", "victorialogs", "elasticsearch")
 """The servers ``export`` and ``replay`` send to: ``shippers.SHIPPER_BACKENDS``, spelled here so that
 reading the options imports no shipper (a test holds the two equal)."""
 
-__all__ = ["export", "jobs", "replay"]
+__all__ = ["export", "jobs", "prune_command", "replay"]
 
 
 @click.command(cls=Command)
@@ -106,3 +106,36 @@ def jobs(data_dir: str) -> None:
 
     for job in list_local_jobs(data_dir):
         click.echo(job)
+
+
+@click.command(name="prune", cls=Command)
+@click.option("--older-than", "older_than", type=Duration(), required=True,
+              help="Prune jobs whose newest file is older than this (7d, 36h, 2w).")
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Say what would be freed; change nothing.")
+def prune_command(older_than: float, data_dir: str, dry_run: bool) -> None:
+    """Delete the raw JSON lines of quiet jobs, keeping what trace-job reads (segments and rollups).
+
+    Each rank's lines file goes once a Parquet segment holds the same events (written now for ranks
+    that died before writing theirs); trace-job gives the same report from the segments alone. A file
+    that cannot become a segment (a torn or invalid line) is kept, and said. The spool of lines not
+    yet shipped, Flight Recorder dumps, the ingest ledger and golden runs are never touched.
+
+    \b
+    Examples:
+      jobtrace prune --older-than 7d
+      jobtrace prune --older-than 2w --dry-run
+
+    Exit status: 0 done, 2 usage error, 3 error (store unreadable), 4 internal error.
+    """
+    from jobtrace.store import prune
+
+    report = prune(data_dir, older_than, dry_run=dry_run)
+    verb = "would free" if dry_run else "freed"
+    click.echo(f"{len(report.jobs)} job(s) pruned, {report.skipped_recent} more recent left alone; "
+               f"{report.files_removed} lines file(s) removed, {verb} {report.bytes_freed / 1e6:.1f} MB"
+               + (f"; {report.segments_written} segment(s) written for ranks that had none"
+                  if report.segments_written else ""))
+    for path in report.kept:
+        click.echo(f"kept {path}: it has a torn or invalid line, so no segment can stand for it", err=True)
+    finish(True)

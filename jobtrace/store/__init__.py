@@ -11,6 +11,7 @@ know the other:
   that rollups hold and every reader builds;
 * :mod:`._files`: which files stand for which rank;
 * :mod:`._ledger`: which source files an ingest read into the job, how far, and whether it finished;
+* :mod:`._prune`: raw-line retention (``jobtrace prune``): lines whose segment stands for them go;
 * :mod:`._sql`: SQL literals for the statements DuckDB takes no parameters in.
 
 DuckDB is imported only when a segment is written or read, never at import.
@@ -32,6 +33,7 @@ from ._layout import (
     spool_root,
 )
 from ._ledger import LEDGER_NAME, Fingerprint, IngestLedger, SourceRecord, fingerprint, ingest_caveats
+from ._prune import PruneReport, prune
 from ._segments import (
     compact,
     count_lines,
@@ -53,6 +55,7 @@ __all__ = [
     "JobFiles",
     "LEDGER_NAME",
     "METRICS",
+    "PruneReport",
     "RANK_IN_NAME",
     "ROLLUP_KEY",
     "SourceRecord",
@@ -72,6 +75,7 @@ __all__ = [
     "literal_list",
     "orphan_segments",
     "process_file_name",
+    "prune",
     "refresh_rollup",
     "rollup_paths",
     "safe_name",

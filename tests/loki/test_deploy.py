@@ -316,3 +316,12 @@ def test_data_sources_and_the_collector_point_at_the_stacks_services():
     assert load(DEPLOY / "loki" / "loki.yaml")["limits_config"]["allow_structured_metadata"] is True
     assert load(DEPLOY / "loki" / "loki.yaml")["ruler"]["alertmanager_url"] == "http://alertmanager:9093"
     assert "proxy_pass http://alertmanager:9093;" in GATEWAY_CONF.read_text()
+
+
+def test_retention_is_set_on_every_tier():
+    """Raw logs 7 days in Loki (applied by its compactor), metrics a year in Prometheus."""
+    conf = load(DEPLOY / "loki" / "loki.yaml")
+    assert conf["limits_config"]["retention_period"] == "168h"
+    assert conf["compactor"]["retention_enabled"] is True and conf["compactor"]["delete_request_store"] == "filesystem"
+    prometheus = services_of(LOKI_STACK)["prometheus"]["command"]
+    assert "--storage.tsdb.retention.time=${JOBTRACE_RETENTION_METRICS:-365d}" in prometheus
