@@ -269,6 +269,9 @@ OTEL_SERVICE_NAME: Final = _var("OTEL_SERVICE_NAME", "text", None,
                                 "`jobtrace`).", _G)
 TRACEPARENT: Final = _var("TRACEPARENT", "text", None,
                           "A W3C trace context from the launcher: its trace id is used for the job.", _G)
+OTLP_METRICS_ENDPOINT: Final = _var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "url", None,
+                                    "Where `jobtrace metrics` pushes its series as OTLP metrics (the OpenTelemetry "
+                                    "standard variable; else `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/metrics`).", _G)
 
 
 # ---- reading ------------------------------------------------------------------------------------------

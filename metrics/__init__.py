@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from ._exporter import StoreMetrics
 from ._gpu import GpuReading, GpuSampler
+from ._otlp import OtlpPusher
 from ._remote_write import RemoteWriter, encode_write_request
 from ._state import COUNTERS, GAUGES, STEP_BUCKETS, RankMetrics
 
-__all__ = ["COUNTERS", "GAUGES", "STEP_BUCKETS", "GpuReading", "GpuSampler", "RankMetrics", "RemoteWriter",
+__all__ = ["COUNTERS", "GAUGES", "STEP_BUCKETS", "GpuReading", "GpuSampler", "OtlpPusher", "RankMetrics", "RemoteWriter",
            "StoreMetrics", "encode_write_request", "serve"]
 
 

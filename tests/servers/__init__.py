@@ -13,6 +13,7 @@ from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, SeenRequest
 from .victorialogs_server import VictoriaLogsServer
+from .victoriametrics_server import VictoriaMetricsServer
 from .vmalert_server import VmalertServer
 
 SERVERS: dict[str, type[ManagedServer]] = {
@@ -20,7 +21,8 @@ SERVERS: dict[str, type[ManagedServer]] = {
     "opensearch": OpenSearchServer,
     "jaeger": JaegerServer,
     "vmalert": VmalertServer,
+    "victoriametrics": VictoriaMetricsServer,
 }
 
 __all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "SeenRequest",
-           "ServerError", "VictoriaLogsServer", "VmalertServer", "cache_dir", "free_port"]
+           "ServerError", "VictoriaLogsServer", "VictoriaMetricsServer", "VmalertServer", "cache_dir", "free_port"]

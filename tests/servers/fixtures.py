@@ -34,8 +34,10 @@ from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, HasAddress
 from .victorialogs_server import VictoriaLogsServer
+from .victoriametrics_server import VictoriaMetricsServer
 
-SERVER_FIXTURES = {"victorialogs", "opensearch", "jaeger", "private_victorialogs", "private_opensearch"}
+SERVER_FIXTURES = {"victorialogs", "opensearch", "jaeger", "private_victorialogs", "private_opensearch",
+                   "victoriametrics"}
 
 
 def _in_ci() -> bool:
@@ -86,6 +88,12 @@ def _serve(config: pytest.Config, cls: type[ManagedServer]) -> Iterator[Any]:
 def victorialogs(request: pytest.FixtureRequest) -> Iterator[VictoriaLogsServer]:
     """Session VictoriaLogs: ``.loki_push_url``, ``.es_bulk_url``, ``.query(logsql)``."""
     yield from _serve(request.config, VictoriaLogsServer)
+
+
+@pytest.fixture(scope="session")
+def victoriametrics(request: pytest.FixtureRequest) -> Iterator[VictoriaMetricsServer]:
+    """Session VictoriaMetrics: ``.otlp_url`` (OTLP metrics in), ``.query(promql)``."""
+    yield from _serve(request.config, VictoriaMetricsServer)
 
 
 @pytest.fixture(scope="session")
