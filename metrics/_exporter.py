@@ -146,7 +146,9 @@ class StoreMetrics:
             hist.add_metric(lab, buckets, r.step_sum)
         for r in ranks:
             lab = labels(r)
-            for name, value in r.values.items():
+            for name, value in {**r.values, **r.derived()}.items():
+                if name not in GAUGES:
+                    continue  # an input of a derived gauge (flops_per_step, peak_flops)
                 series, help_text = GAUGES[name]
                 family = gauges.get(series) or gauges.setdefault(
                     series, GaugeMetricFamily(series, help_text, labels=names))

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["GAUGES", "STEP_BUCKETS", "RankMetrics"]
+__all__ = ["COUNTERS", "FLOPS_INPUTS", "GAUGES", "STEP_BUCKETS", "RankMetrics"]
 
 GAUGES: Final[dict[str, tuple[str, str]]] = {
     "loss": ("jobtrace_loss", "The rank's last logged training loss."),
@@ -34,6 +34,11 @@ GAUGES: Final[dict[str, tuple[str, str]]] = {
     "cuda_max_allocated_bytes": ("jobtrace_cuda_peak_allocated_bytes", "Peak CUDA memory held by tensors."),
 }
 """A metric the job logs (its name in the events) -> the gauge it becomes, and the gauge's help."""
+
+FLOPS_INPUTS: Final = ("flops_per_step", "peak_flops")
+"""What a job logs so that MFU is derived (``oi.log_metrics(flops_per_step=6 * params * tokens, peak_flops=...)``,
+once is enough): achieved FLOP/s is ``flops_per_step`` over the step time, MFU that over ``peak_flops`` (the
+rank's device's peak, e.g. 989e12 for an H100's dense BF16)."""
 
 COUNTERS: Final[dict[str, tuple[str, str]]] = {
     "skipped_steps": ("jobtrace_skipped_steps", "Steps whose update was skipped (fp16 overflow), as counted by the engine."),
@@ -66,6 +71,19 @@ class RankMetrics:
     """Per histogram bucket, its latest step: ``trace_id`` and ``span_id`` (the trace to open), value, time."""
     _comm_ns: dict[int, int] = field(default_factory=dict)
 
+    def derived(self) -> dict[str, float]:
+        """The gauges computed from what the job logged: TFLOP/s and MFU from ``flops_per_step`` (and
+        ``peak_flops``) over the last step's time, unless the job logged them itself."""
+        out: dict[str, float] = {}
+        flops, peak = self.values.get("flops_per_step"), self.values.get("peak_flops")
+        if flops and self.step_seconds:
+            achieved = flops / self.step_seconds
+            if "tflops" not in self.values:
+                out["tflops"] = achieved / 1e12
+            if peak and "mfu" not in self.values:
+                out["mfu"] = achieved / peak
+        return out
+
     def labels(self) -> dict[str, str]:
         out = {"job": self.job, "rank": str(self.rank), "node": self.node}
         if self.local_rank is not None:
@@ -86,7 +104,7 @@ class RankMetrics:
             for name, value in (e.get("metrics") or {}).items():
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
-                if name in GAUGES:
+                if name in GAUGES or name in FLOPS_INPUTS:
                     self.values[name] = float(value)
                 elif name in COUNTERS:
                     self.counters[name] = max(self.counters.get(name, 0.0), float(value))

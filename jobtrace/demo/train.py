@@ -195,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(1234 + rank)
     torch.set_num_threads(1)
     model = make_model(args.hidden)
+    # the model's training FLOPs a step: 6 per parameter per sample (forward 2, backward 4), the usual estimate
+    flops_per_step = 6 * sum(p.numel() for p in model.parameters()) * args.batch
     if args.wrap == "ddp":
         # Small buckets, so that one backward pass all-reduces in several (a real model has many).
         model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
@@ -255,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
                     grad_norm = float(torch.cat([_local(_grad(p)).flatten() for p in model.parameters()]).norm())
                 opt.step()
         elapsed = time.perf_counter() - t0
-        oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed)
+        extra = {"flops_per_step": flops_per_step} if i == 0 else {}  # once: `jobtrace metrics` derives TFLOP/s
+        oi.log_metrics(i, loss=loss, lr=0.01, grad_norm=grad_norm, samples_per_s=args.batch / elapsed, **extra)
         log.info("step %d loss %.4f grad_norm %.3f", i, loss.item(), grad_norm)
 
     dist.barrier()

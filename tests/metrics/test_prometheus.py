@@ -127,7 +127,7 @@ def test_a_real_job_scraped_by_a_real_prometheus_and_its_alert_in_alertmanager(t
             assert set(s["metric"]) == {"__name__", "job", "rank", "node", "local_rank", "instance"}, s["metric"]
         for name in ("jobtrace_loss", "jobtrace_learning_rate", "jobtrace_grad_norm", "jobtrace_host_rss_bytes",
                      "jobtrace_step_seconds", "jobtrace_steps_total", "jobtrace_heartbeat_age_seconds",
-                     "jobtrace_step_duration_seconds_bucket"):
+                     "jobtrace_step_duration_seconds_bucket", "jobtrace_tflops"):
             assert prom.wait(f'{name}{{job="prom-job"}}', 3), name
         assert prom.query('{job="prom-job", step!=""}') == []  # never a step label
         time.sleep(5)  # a few scrapes of steady state

@@ -1,0 +1,33 @@
+"""RankMetrics' arithmetic: the derived TFLOP/s and MFU, and a job's own figures winning over them."""
+
+from __future__ import annotations
+
+import pytest
+
+from metrics import RankMetrics
+
+
+def step(r: RankMetrics, i: int, seconds: float, comm: float = 0.0) -> None:
+    if comm:
+        r.feed({"ts": i * 10**9, "kind": "span", "cat": "collective", "step": i, "dur": int(comm * 1e9)})
+    r.feed({"ts": i * 10**9 + 1, "kind": "span", "cat": "step", "step": i, "dur": int(seconds * 1e9),
+            "trace_id": "ab" * 16, "span_id": "cd" * 8})
+
+
+def test_tflops_and_mfu_come_from_flops_per_step_over_the_step_time():
+    r = RankMetrics("j", 0)
+    r.feed({"ts": 1, "kind": "metric", "step": 0, "metrics": {"flops_per_step": 3e12, "peak_flops": 1e13}})
+    step(r, 0, 0.5, comm=0.2)
+    assert r.derived() == pytest.approx({"tflops": 6.0, "mfu": 0.6})
+    assert r.collective_seconds == pytest.approx(0.2) and r.steps_total == 1
+    r.feed({"ts": 2, "kind": "metric", "step": 1, "metrics": {"mfu": 0.42}})  # the job's own figure wins
+    assert "mfu" not in r.derived() and r.values["mfu"] == 0.42
+
+
+def test_no_flops_no_derived_gauges_and_buckets_are_cumulative_per_bucket():
+    r = RankMetrics("j", 1)
+    for i, s in enumerate((0.004, 0.02, 0.02, 3.0)):
+        step(r, i, s)
+    assert r.derived() == {}
+    assert sum(r.buckets) == 4 and r.buckets[0] == 1 and r.buckets[2] == 2
+    assert r.exemplars[2]["value"] == 0.02 and r.exemplars[2]["span_id"] == "cd" * 8
