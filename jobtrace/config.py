@@ -140,7 +140,7 @@ REDACT_PATTERNS: Final = _var("JOBTRACE_REDACT_PATTERNS", "path", None,
 # ---- reading a job --------------------------------------------------------------------------------
 _G = "trace-job"
 BACKEND: Final = _var("JOBTRACE_BACKEND", "choice", "local",
-                      "Where `trace-job` reads: `local`, `loki`, `victorialogs` or `elasticsearch`.", _G)
+                      "Where `trace-job` reads: `local`, `loki`, `victorialogs`, `elasticsearch` or `archive`.", _G)
 MEMORY_LIMIT: Final = _var("JOBTRACE_MEMORY_LIMIT", "text", None,
                            "DuckDB's memory limit while reading a job (`4GB`); past it, DuckDB spills to disk.", _G)
 THREADS: Final = _var("JOBTRACE_THREADS", "int", None, "DuckDB threads while reading a job (default: all cores).", _G)

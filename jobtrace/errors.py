@@ -22,6 +22,7 @@ __all__ = [
     "QueryError",
     "Refused",
     "RejectedByBackend",
+    "ServerUnavailable",
     "ShipperError",
     "StoreError",
 ]
@@ -58,6 +59,11 @@ class RejectedByBackend(ShipperError):
 
 class QueryError(JobtraceError):
     pass
+
+
+class ServerUnavailable(QueryError):
+    """A server to read from did not answer, or kept answering 429/5xx, through every retry: maybe for a while
+    only (a watcher keeps polling; ``trace-job`` stops with exit 3)."""
 
 
 class JobNotFound(QueryError):

@@ -52,11 +52,26 @@ def _load_elasticsearch(job_id: str, *, data_dir: str, url: str | None, time_ran
     return load_elasticsearch(job_id, url=url, time_range=time_range, **options)
 
 
+def _load_archive(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, **options: Any) -> JobData:
+    """A job archived by ``jobtrace archive`` (``--url s3://bucket/prefix``): downloaded, checked, then read."""
+    import atexit
+    import shutil
+
+    from jobtrace.store import restore_job
+
+    if not url:
+        raise ConfigError("--backend archive needs --url s3://bucket/prefix (where jobtrace archive put the job)")
+    restored = restore_job(url, job_id)
+    atexit.register(shutil.rmtree, restored, True)
+    return load_local(str(restored), job_id)
+
+
 LOADERS: Final[dict[str, Loader]] = {
     "local": _load_local,
     "loki": _load_loki,
     "victorialogs": _load_victorialogs,
     "elasticsearch": _load_elasticsearch,
+    "archive": _load_archive,
 }
 """Each backend ``load_job`` reads, by the name ``trace-job --backend`` takes, in the order the help lists them."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobtrace.errors import BackendUnavailable, ConfigError, QueryError
+from jobtrace.errors import BackendUnavailable, ConfigError, QueryError, ServerUnavailable
 from jobtrace.redact import url_for_display
 
 if TYPE_CHECKING:
@@ -107,12 +107,14 @@ def read_request(transport: Transport, request: Request, *, timeout_s: float, re
             response = transport.send(request, timeout_s)
         except BackendUnavailable as exc:
             if attempt == retries:
-                raise QueryError(f"cannot reach {backend} at {where}: {exc}") from None
+                raise ServerUnavailable(f"cannot reach {backend} at {where}: {exc}") from None
             time.sleep(policy.delay(attempt))
             continue
         if response.status == 200:
             return response
-        if policy.retryable(response.status) and attempt < retries:
+        if policy.retryable(response.status):
+            if attempt == retries:
+                raise ServerUnavailable(f"{backend} at {where} kept answering HTTP {response.status}")
             time.sleep(policy.delay(attempt, response.header("Retry-After")))
             continue
         if response.status in (401, 403):

@@ -25,7 +25,7 @@ from .ingest import ingest_command
 from .metrics import metrics_command
 from .options import version_option
 from .setup import setup
-from .store import export, jobs, prune_command, replay
+from .store import archive, export, jobs, prune_command, replay
 from .trace import trace_job, trace_job_main
 from .watch import watch
 
@@ -46,5 +46,6 @@ def main() -> None:
 
 for _command, _name in ((trace_job, "trace"), (ingest_command, "ingest"), (setup, "setup"), (replay, "replay"),
                         (export, "export"), (jobs, "jobs"), (golden, "golden"), (demo, "demo"), (watch, "watch"),
-                        (metrics_command, "metrics"), (prune_command, "prune")):
+                        (metrics_command, "metrics"), (prune_command, "prune"),
+                        (archive, "archive")):
     main.add_command(_command, name=_name)

@@ -15,7 +15,7 @@ SHIP_TO: Final = ("loki", "victorialogs", "elasticsearch")
 """The servers ``export`` and ``replay`` send to: ``shippers.SHIPPER_BACKENDS``, spelled here so that
 reading the options imports no shipper (a test holds the two equal)."""
 
-__all__ = ["export", "jobs", "prune_command", "replay"]
+__all__ = ["archive", "export", "jobs", "prune_command", "replay"]
 
 
 @click.command(cls=Command)
@@ -138,4 +138,32 @@ def prune_command(older_than: float, data_dir: str, dry_run: bool) -> None:
                   if report.segments_written else ""))
     for path in report.kept:
         click.echo(f"kept {path}: it has a torn or invalid line, so no segment can stand for it", err=True)
+    finish(True)
+
+
+@click.command(name="archive", cls=Command)
+@click.argument("job_id")
+@click.option("--to", "url", required=True, metavar="s3://BUCKET/PREFIX",
+              help="Where the job goes (any S3-compatible store; AWS_ENDPOINT_URL for MinIO, SeaweedFS, Ceph).")
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+def archive(job_id: str, url: str, data_dir: str) -> None:
+    """Copy a job's store to object storage: its lines (zstd), segments, rollups and dumps, and a manifest.
+
+    The cold tier of the retention policy: read it back with
+    `trace-job JOB --backend archive --url s3://BUCKET/PREFIX` (every object is checked against the
+    manifest, written last, so an unfinished archive is never read as a partial job). Credentials and
+    region come the standard AWS way (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION).
+
+    \b
+    Examples:
+      jobtrace archive run-17 --to s3://training-logs/jobtrace
+      AWS_ENDPOINT_URL=http://seaweedfs:8333 jobtrace archive run-17 --to s3://logs
+
+    Exit status: 0 archived, 2 usage error, 3 error (no such job, the store refused), 4 internal error.
+    """
+    from jobtrace.store import archive_job
+
+    report = archive_job(data_dir, job_id, url)
+    click.echo(f"archived {job_id} to {report.url}: {report.objects} objects, {report.bytes_local / 1e6:.1f} MB "
+               f"stored as {report.bytes_stored / 1e6:.1f} MB (manifest last)")
     finish(True)

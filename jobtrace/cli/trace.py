@@ -74,9 +74,11 @@ def report_and_exit(report: Any, as_json: bool, console: Console | None = None) 
 @click.command(name="trace-job", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("job_id")
 @version_option
-@click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
-              show_default=True, envvar=config.BACKEND, help="Where the job's events are.")
-@click.option("--url", default=None, help="Backend URL (default from JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
+@click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch", "archive"]),
+              default="local", show_default=True, envvar=config.BACKEND,
+              help="Where the job's events are (archive: what `jobtrace archive` put in object storage).")
+@click.option("--url", default=None, help="Backend URL (default from JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL; "
+              "for an archive, s3://bucket/prefix).")
 @click.option("--since", default=None, help="Start of the time range for servers: 90m, 7d, RFC 3339 (default 7d).")
 @click.option("--until", default=None, help="End of the time range for servers (default now).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from jobtrace import config
-from jobtrace.errors import JobNotFound
+from jobtrace.errors import BackendUnavailable, JobNotFound, ServerUnavailable
 
 from .exitcodes import Command, finish
 
@@ -80,10 +80,18 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
         time.sleep(min(interval, 1.0))
     console.print(Text(f"watching {job_id} in {where}" + (f"; alerts also to the {hook.describe()}" if hook else "")),
                   soft_wrap=True)
-    polls = 0
+    polls, unreachable = 0, 0
     try:
         while True:
-            state.feed(tail.read())
+            try:
+                state.feed(tail.read())
+                if unreachable:
+                    console.print(Text(f"{where} answers again"), soft_wrap=True)
+                unreachable = 0
+            except (BackendUnavailable, ServerUnavailable) as exc:  # a server restarting must not end the watch
+                if not unreachable:
+                    console.print(Text(f"cannot read {where} ({exc}); retrying every {interval:g}s"), soft_wrap=True)
+                unreachable += 1
             polls += 1
             fired, cleared = state.evaluate(time.time_ns())
             for alert in fired:

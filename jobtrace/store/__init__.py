@@ -12,6 +12,7 @@ know the other:
 * :mod:`._files`: which files stand for which rank;
 * :mod:`._ledger`: which source files an ingest read into the job, how far, and whether it finished;
 * :mod:`._prune`: raw-line retention (``jobtrace prune``): lines whose segment stands for them go;
+* :mod:`._archive`: a job's store in object storage (``jobtrace archive``) and back;
 * :mod:`._sql`: SQL literals for the statements DuckDB takes no parameters in.
 
 DuckDB is imported only when a segment is written or read, never at import.
@@ -19,6 +20,7 @@ DuckDB is imported only when a segment is written or read, never at import.
 
 from __future__ import annotations
 
+from ._archive import ArchiveReport, archive_job, parse_s3_url, restore_job
 from ._files import JobFiles, job_files
 from ._layout import (
     DEFAULT_DATA_DIR,
@@ -48,6 +50,7 @@ from ._sql import literal, literal_list
 from ._tables import DERIVED, METRICS, ROLLUP_KEY, build_tables
 
 __all__ = [
+    "ArchiveReport",
     "DEFAULT_DATA_DIR",
     "DERIVED",
     "Fingerprint",
@@ -60,6 +63,7 @@ __all__ = [
     "ROLLUP_KEY",
     "SourceRecord",
     "SEGMENT_RE",
+    "archive_job",
     "build_tables",
     "cache_dir",
     "compact",
@@ -75,8 +79,10 @@ __all__ = [
     "literal_list",
     "orphan_segments",
     "process_file_name",
+    "parse_s3_url",
     "prune",
     "refresh_rollup",
+    "restore_job",
     "rollup_paths",
     "safe_name",
     "segment_for",

@@ -233,7 +233,10 @@ class FakeLokiHTTP:
                 body = self.rfile.read(length) if length else b""
                 request = Request(self.command, f"http://127.0.0.1{self.path}", body, dict(self.headers.items()))
                 with lock:
-                    response = fake(request)
+                    try:
+                        response = fake(request)
+                    except Exception as exc:
+                        response = Response(400, f"{type(exc).__name__}: {exc}".encode())
                 self.send_response(response.status)
                 self.send_header("Content-Length", str(len(response.body)))
                 self.send_header("Content-Type", "application/json")

@@ -36,7 +36,13 @@ def test_a_hang_is_named_from_loki_while_the_job_still_hangs(tmp_path, push_pb2)
         assert queries and all(q["query"] == selector and q["direction"] == "forward" for q in queries)
         # each poll asks for the lookback only, never the job from its start
         assert all(int(q["end"]) - int(q["start"]) <= 21 * 10**9 for q in queries)
+        job.stop()
+        assert watcher.finish() == 1  # the job's ranks are gone: the watch ends, with the alert it fired
+        loki.close()
+        # a server that goes away while a watch runs: said, retried, not an error exit
+        late = Watcher(tmp_path, "lk-hang", "--backend", "loki", "--url", loki.url, "--timeout", "4",
+                       "--wait-for-job", "1")
+        assert late.finish() == 3  # never reachable at the start: no such job there (exit 3)
     finally:
         job.stop()
         loki.close()
-    assert watcher.finish() == 1

@@ -178,3 +178,24 @@ def test_the_hung_scene_follows_the_alert_with_the_flight_recorders_word(tmp_pat
     finally:
         job.stop()
     assert watcher.finish() == 1
+
+
+@pytest.mark.servers
+def test_a_server_that_goes_away_mid_watch_is_said_and_waited_for(tmp_path, private_victorialogs):
+    """VictoriaLogs stopped for a while under a running watch: the watcher says it cannot read, keeps polling, says
+    when the server answers again, and ends as usual (no error exit, the job's steps still seen)."""
+    vl = private_victorialogs
+    job = Job(tmp_path, "vl-away", 2, "--steps", "100000",
+              env_extra={"JOBTRACE_LOKI_URL": vl.url + "/insert/loki", "JOBTRACE_LOCAL": "0"})
+    try:
+        watcher = Watcher(tmp_path, "vl-away", "--backend", "victorialogs", "--url", vl.url, "--timeout", "40")
+        time.sleep(8)
+        vl.stop()
+        time.sleep(6)
+        vl.restart()
+        rc = watcher.finish(timeout=90)
+    finally:
+        job.stop()
+    err = watcher.proc.stderr.read()  # type: ignore[union-attr]
+    assert "cannot read VictoriaLogs" in err and "answers again" in err, err
+    assert rc in (0, 1) and "events read" in err
