@@ -12,6 +12,7 @@ from .base import ManagedServer, ServerError, cache_dir, free_port
 from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, SeenRequest
+from .seaweedfs_server import SeaweedFSServer
 from .victorialogs_server import VictoriaLogsServer
 from .victoriametrics_server import VictoriaMetricsServer
 from .vmalert_server import VmalertServer
@@ -22,7 +23,8 @@ SERVERS: dict[str, type[ManagedServer]] = {
     "jaeger": JaegerServer,
     "vmalert": VmalertServer,
     "victoriametrics": VictoriaMetricsServer,
+    "seaweedfs": SeaweedFSServer,
 }
 
-__all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "SeenRequest",
+__all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "SeaweedFSServer", "SeenRequest",
            "ServerError", "VictoriaLogsServer", "VictoriaMetricsServer", "VmalertServer", "cache_dir", "free_port"]

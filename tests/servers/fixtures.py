@@ -33,11 +33,12 @@ from .base import ManagedServer, free_port
 from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
 from .proxy import FaultProxy, HasAddress
+from .seaweedfs_server import SeaweedFSServer
 from .victorialogs_server import VictoriaLogsServer
 from .victoriametrics_server import VictoriaMetricsServer
 
 SERVER_FIXTURES = {"victorialogs", "opensearch", "jaeger", "private_victorialogs", "private_opensearch",
-                   "victoriametrics"}
+                   "victoriametrics", "seaweedfs"}
 
 
 def _in_ci() -> bool:
@@ -94,6 +95,12 @@ def victorialogs(request: pytest.FixtureRequest) -> Iterator[VictoriaLogsServer]
 def victoriametrics(request: pytest.FixtureRequest) -> Iterator[VictoriaMetricsServer]:
     """Session VictoriaMetrics: ``.otlp_url`` (OTLP metrics in), ``.query(promql)``."""
     yield from _serve(request.config, VictoriaMetricsServer)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(request: pytest.FixtureRequest) -> Iterator[SeaweedFSServer]:
+    """Session SeaweedFS S3 gateway: ``.url``, ``.client()``, ``.env()`` (the AWS variables for it)."""
+    yield from _serve(request.config, SeaweedFSServer)
 
 
 @pytest.fixture(scope="session")
