@@ -137,6 +137,16 @@ REDACT_PATTERNS: Final = _var("JOBTRACE_REDACT_PATTERNS", "path", None,
                               "a line (Python syntax, matched against each event line as JSON text); `#` starts a "
                               "comment line.", _G)
 
+# ---- retention ------------------------------------------------------------------------------------
+_G = "Retention"
+RETENTION_LOGS: Final = _var("JOBTRACE_RETENTION_LOGS", "text", "7d",
+                             "How long raw log lines are kept: `jobtrace prune`'s default `--older-than`, and Loki's "
+                             "`retention_period` in the deploy stack (`168h` there). Elasticsearch/OpenSearch: the "
+                             "ILM/ISM policies' delete age.", _G)
+RETENTION_METRICS: Final = _var("JOBTRACE_RETENTION_METRICS", "text", "365d",
+                                "How long per-step aggregates are kept: Prometheus' `--storage.tsdb.retention.time` "
+                                "in the deploy stack.", _G)
+
 # ---- reading a job --------------------------------------------------------------------------------
 _G = "trace-job"
 BACKEND: Final = _var("JOBTRACE_BACKEND", "choice", "local",

@@ -109,8 +109,9 @@ def jobs(data_dir: str) -> None:
 
 
 @click.command(name="prune", cls=Command)
-@click.option("--older-than", "older_than", type=Duration(), required=True,
-              help="Prune jobs whose newest file is older than this (7d, 36h, 2w).")
+@click.option("--older-than", "older_than", type=Duration(), envvar=config.RETENTION_LOGS, default="7d",
+              show_default=True, help="Prune jobs whose newest file is older than this (7d, 36h, 2w; default "
+              "JOBTRACE_RETENTION_LOGS).")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Say what would be freed; change nothing.")
 def prune_command(older_than: float, data_dir: str, dry_run: bool) -> None:
@@ -123,7 +124,7 @@ def prune_command(older_than: float, data_dir: str, dry_run: bool) -> None:
 
     \b
     Examples:
-      jobtrace prune --older-than 7d
+      jobtrace prune                      # JOBTRACE_RETENTION_LOGS, 7 days by default
       jobtrace prune --older-than 2w --dry-run
 
     Exit status: 0 done, 2 usage error, 3 error (store unreadable), 4 internal error.

@@ -321,7 +321,10 @@ def test_data_sources_and_the_collector_point_at_the_stacks_services():
 def test_retention_is_set_on_every_tier():
     """Raw logs 7 days in Loki (applied by its compactor), metrics a year in Prometheus."""
     conf = load(DEPLOY / "loki" / "loki.yaml")
-    assert conf["limits_config"]["retention_period"] == "168h"
+    assert conf["limits_config"]["retention_period"] == "${JOBTRACE_RETENTION_LOGS:-168h}"
+    loki = services_of(LOKI_STACK)["loki"]
+    assert "-config.expand-env=true" in loki["command"]  # else Loki would read the text as it is
+    assert loki["environment"]["JOBTRACE_RETENTION_LOGS"] == "${JOBTRACE_RETENTION_LOGS:-168h}"
     assert conf["compactor"]["retention_enabled"] is True and conf["compactor"]["delete_request_store"] == "filesystem"
     prometheus = services_of(LOKI_STACK)["prometheus"]["command"]
     assert "--storage.tsdb.retention.time=${JOBTRACE_RETENTION_METRICS:-365d}" in prometheus
