@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
 import pytest
+
+from tests.metrics import last_losses
 
 pytest.importorskip("torch", reason="a torch.distributed job")
 pytest.importorskip("prometheus_client", reason="jobtrace[metrics]")
@@ -46,13 +47,7 @@ def test_a_real_jobs_series_arrive_as_otlp_metrics(tmp_path, victoriametrics):
         assert {s["metric"]["rank"] for s in wait(victoriametrics, 'jobtrace_steps{job="otlp-job"}', 2)} == {"0", "1"}
         losses = {s["metric"]["rank"]: float(s["value"][1])
                   for s in wait(victoriametrics, 'jobtrace_loss{job="otlp-job"}', 2)}
-        events = [orjson.loads(line) for f in (tmp_path / "d" / "otlp-job").glob("*.jsonl")
-                  for line in f.read_bytes().splitlines()]
-        last = {}
-        for e in sorted((e for e in events if e.get("kind") == "metric" and "loss" in (e.get("metrics") or {})),
-                        key=lambda e: e["ts"]):
-            last[str(e["rank"])] = e["metrics"]["loss"]
-        assert losses == pytest.approx(last)
+        assert losses == pytest.approx(last_losses(tmp_path / "d" / "otlp-job"))
         # the step-time histogram, bucket by bucket: 20 steps a rank
         counts = wait(victoriametrics, 'jobtrace_step_duration_seconds_count{job="otlp-job"}', 2)
         assert {s["value"][1] for s in counts} == {"20"}

@@ -21,6 +21,7 @@ import pytest
 import requests
 import yaml
 
+from tests.metrics import last_losses
 from tests.servers.base import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,8 +174,6 @@ def test_remote_write_pushes_the_same_series_to_a_real_prometheus(tmp_path):
     and a push the server refuses is an error said once, not a crash."""
     pytest.importorskip("torch", reason="a torch.distributed job")
     pytest.importorskip("prometheus_client", reason="jobtrace[metrics]")
-    import orjson
-
     from jobtrace.demo import DemoConfig, run_job
     from jobtrace.errors import ShipperError
     from metrics import RemoteWriter, StoreMetrics
@@ -190,13 +189,7 @@ def test_remote_write_pushes_the_same_series_to_a_real_prometheus(tmp_path):
         steps = prom.wait('jobtrace_step{job="rw-job"}', 2)
         assert sorted((s["metric"]["rank"], s["value"][1]) for s in steps) == [("0", "19"), ("1", "19")]
         losses = {s["metric"]["rank"]: float(s["value"][1]) for s in prom.wait('jobtrace_loss{job="rw-job"}', 2)}
-        events = [orjson.loads(line) for f in (tmp_path / "d" / "rw-job").glob("*.jsonl")
-                  for line in f.read_bytes().splitlines()]
-        last = {}
-        for e in sorted((e for e in events if e.get("kind") == "metric" and "loss" in (e.get("metrics") or {})),
-                        key=lambda e: e["ts"]):
-            last[str(e["rank"])] = e["metrics"]["loss"]
-        assert losses == pytest.approx(last)
+        assert losses == pytest.approx(last_losses(tmp_path / "d" / "rw-job"))
         assert prom.wait('jobtrace_step_duration_seconds_count{job="rw-job"}', 2)
         refused = RemoteWriter(prom.url + "/api/v1/nope")  # a real 404 from the real server
         with pytest.raises(ShipperError, match="remote write refused: HTTP 404"):
