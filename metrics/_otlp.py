@@ -31,7 +31,8 @@ class OtlpPusher:
 
             exporter = OTLPMetricExporter(endpoint=endpoint)
         self.exporter = exporter
-        self.resource = Resource.create({"service.name": "jobtrace-metrics", "host.name": node})
+        self.resource = Resource.create({"service.name": "jobtrace-metrics", "service.instance.id": node or "sidecar",
+                                         "host.name": node})
         self.start_ns = time.time_ns()
         self.pushes = 0
         self.failures = 0

@@ -58,3 +58,20 @@ def test_a_real_jobs_series_arrive_as_otlp_metrics(tmp_path, victoriametrics):
     # a receiver that is not there: a failed push, counted, no exception
     dead = OtlpPusher("http://127.0.0.1:9/v1/metrics")
     assert dead.push(StoreMetrics(tmp_path / "d", forget_after_s=1e9).collect()) is False and dead.failures == 1
+
+
+def test_prometheus_own_otlp_receiver_keeps_the_training_job_and_the_scrape_names(tmp_path, prometheus3):
+    """Into a real Prometheus 3 (``--web.enable-otlp-receiver``): its ``job`` label is made of ``service.name``, so
+    each training job's series carry that job, the node is the instance, and the names are the scrape path's."""
+    from jobtrace.demo import DemoConfig, run_job
+    from metrics import OtlpPusher, StoreMetrics
+
+    assert run_job(DemoConfig(job_id="p3-job", data_dir=str(tmp_path / "d"), ranks=2, steps=10)) == 0
+    assert OtlpPusher(prometheus3.otlp_url, node="node-a").push(StoreMetrics(tmp_path / "d", forget_after_s=1e9).collect())
+    steps = wait(prometheus3, 'jobtrace_step{job="p3-job"}', 2)
+    assert {(s["metric"]["rank"], s["metric"]["instance"], s["value"][1]) for s in steps} == {
+        ("0", "node-a", "9"), ("1", "node-a", "9")}
+    for name in ("jobtrace_steps_total", "jobtrace_step_duration_seconds_bucket", "jobtrace_loss"):
+        assert wait(prometheus3, f'{name}{{job="p3-job"}}', 2), name
+    losses = {s["metric"]["rank"]: float(s["value"][1]) for s in wait(prometheus3, 'jobtrace_loss{job="p3-job"}', 2)}
+    assert losses == pytest.approx(last_losses(tmp_path / "d" / "p3-job"))

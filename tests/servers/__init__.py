@@ -11,6 +11,7 @@ is ``python -m tests.servers``.
 from .base import ManagedServer, ServerError, cache_dir, free_port
 from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
+from .prometheus3_server import Prometheus3Server
 from .proxy import FaultProxy, SeenRequest
 from .seaweedfs_server import SeaweedFSServer
 from .victorialogs_server import VictoriaLogsServer
@@ -24,7 +25,8 @@ SERVERS: dict[str, type[ManagedServer]] = {
     "vmalert": VmalertServer,
     "victoriametrics": VictoriaMetricsServer,
     "seaweedfs": SeaweedFSServer,
+    "prometheus3": Prometheus3Server,
 }
 
-__all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "SeaweedFSServer", "SeenRequest",
+__all__ = ["SERVERS", "FaultProxy", "JaegerServer", "ManagedServer", "OpenSearchServer", "Prometheus3Server", "SeaweedFSServer", "SeenRequest",
            "ServerError", "VictoriaLogsServer", "VictoriaMetricsServer", "VmalertServer", "cache_dir", "free_port"]

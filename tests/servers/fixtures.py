@@ -32,13 +32,14 @@ import requests
 from .base import ManagedServer, free_port
 from .jaeger_server import JaegerServer
 from .opensearch_server import OpenSearchServer
+from .prometheus3_server import Prometheus3Server
 from .proxy import FaultProxy, HasAddress
 from .seaweedfs_server import SeaweedFSServer
 from .victorialogs_server import VictoriaLogsServer
 from .victoriametrics_server import VictoriaMetricsServer
 
 SERVER_FIXTURES = {"victorialogs", "opensearch", "jaeger", "private_victorialogs", "private_opensearch",
-                   "victoriametrics", "seaweedfs"}
+                   "victoriametrics", "seaweedfs", "prometheus3"}
 
 
 def _in_ci() -> bool:
@@ -101,6 +102,12 @@ def victoriametrics(request: pytest.FixtureRequest) -> Iterator[VictoriaMetricsS
 def seaweedfs(request: pytest.FixtureRequest) -> Iterator[SeaweedFSServer]:
     """Session SeaweedFS S3 gateway: ``.url``, ``.client()``, ``.env()`` (the AWS variables for it)."""
     yield from _serve(request.config, SeaweedFSServer)
+
+
+@pytest.fixture(scope="session")
+def prometheus3(request: pytest.FixtureRequest) -> Iterator[Prometheus3Server]:
+    """Session Prometheus 3 with its OTLP receiver: ``.otlp_url``, ``.query(promql)``."""
+    yield from _serve(request.config, Prometheus3Server)
 
 
 @pytest.fixture(scope="session")

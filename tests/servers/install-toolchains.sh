@@ -65,7 +65,7 @@ done_step "$(mvn -v 2>/dev/null | sed -n '1s/\x1b\[[0-9;]*m//g;1p')"
 
 PY=${PYTHON:-}
 [ -n "$PY" ] || { [ -x "$REPO/.venv/bin/python" ] && PY="$REPO/.venv/bin/python"; } || PY=python3
-for server in victorialogs opensearch jaeger vmalert victoriametrics seaweedfs; do
+for server in victorialogs opensearch jaeger vmalert victoriametrics seaweedfs prometheus3; do
   step "build $server"
   (cd "$REPO" && "$PY" -m tests.servers build "$server")
   done_step "ok"
