@@ -17,11 +17,11 @@ SERVER_MODULES = ("queries._loki", "queries._victorialogs", "queries._elasticsea
 
 
 def test_the_backends_are_the_loaders_table_in_its_order():
-    assert BACKENDS == ("local", "loki", "victorialogs", "elasticsearch") == tuple(LOADERS)
+    assert BACKENDS == ("local", "loki", "victorialogs", "elasticsearch", "archive") == tuple(LOADERS)
 
 
 def test_an_unknown_backend_is_a_config_error_naming_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown backend 'nope'; choose one of local, loki, victorialogs, elasticsearch"):
+    with pytest.raises(ConfigError, match=r"unknown backend 'nope'; choose one of local, loki, victorialogs, elasticsearch, archive"):
         load_job("nope", "j")
 
 
