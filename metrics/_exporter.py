@@ -111,8 +111,8 @@ class StoreMetrics:
         share = GaugeMetricFamily("jobtrace_comm_share_ratio",
                                   "The last step's share of time in collectives (0-1).", labels=names)
         age = GaugeMetricFamily("jobtrace_heartbeat_age_seconds",
-                                "Seconds since the rank's last event, heartbeats included: grows on a hang.",
-                                labels=names)
+                                "Seconds since the rank's last event, heartbeats included: grows on a hang (absent "
+                                "once the rank ended cleanly).", labels=names)
         steps = CounterMetricFamily("jobtrace_steps", "Steps the rank finished.", labels=names)
         hist = HistogramMetricFamily("jobtrace_step_duration_seconds",
                                      "Step durations (exemplars: the trace and span of a step).", labels=names)
@@ -120,7 +120,8 @@ class StoreMetrics:
         counters: dict[str, Any] = {}
         for r in ranks:
             lab = labels(r)
-            age.add_metric(lab, max(0.0, (now - r.last_event_ns) / 1e9))
+            if not r.stopped:  # a rank that ended cleanly is not silent: no age, so no heartbeat alert for it
+                age.add_metric(lab, max(0.0, (now - r.last_event_ns) / 1e9))
             if r.step is None:
                 continue
             step.add_metric(lab, r.step)

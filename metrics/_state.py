@@ -67,6 +67,8 @@ class RankMetrics:
     counters: dict[str, float] = field(default_factory=dict)
     buckets: list[int] = field(default_factory=lambda: [0] * len(STEP_BUCKETS))
     step_sum: float = 0.0
+    stopped: bool = False
+    """The rank ended cleanly (its ``jobtrace.lifecycle`` stop record): its heartbeat age is no longer a concern."""
     exemplars: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Per histogram bucket, its latest step: ``trace_id`` and ``span_id`` (the trace to open), value, time."""
     _comm_ns: dict[int, int] = field(default_factory=dict)
@@ -100,6 +102,8 @@ class RankMetrics:
         kind = e.get("kind")
         if kind == "span":
             self._span(e)
+        elif kind == "log" and e.get("logger") == "jobtrace.lifecycle" and e.get("msg") == "stop":
+            self.stopped = True
         elif kind == "metric":
             for name, value in (e.get("metrics") or {}).items():
                 if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -31,3 +31,18 @@ def test_no_flops_no_derived_gauges_and_buckets_are_cumulative_per_bucket():
     assert r.derived() == {}
     assert sum(r.buckets) == 4 and r.buckets[0] == 1 and r.buckets[2] == 2
     assert r.exemplars[2]["value"] == 0.02 and r.exemplars[2]["span_id"] == "cd" * 8
+
+
+def test_a_rank_that_ended_cleanly_has_no_heartbeat_age(tmp_path):
+    """Else every rank of every finished job would look silent until the sidecar forgets the job."""
+    from metrics import StoreMetrics
+
+    live, done = RankMetrics("j", 0), RankMetrics("j", 1)
+    for r in (live, done):
+        step(r, 0, 0.1)
+    done.feed({"ts": 5, "kind": "log", "logger": "jobtrace.lifecycle", "msg": "stop"})
+    collector = StoreMetrics(tmp_path)
+    collector.ranks = {("j", 0): live, ("j", 1): done}
+    ages = [s.labels["rank"] for f in collector.collect() if f.name == "jobtrace_heartbeat_age_seconds"
+            for s in f.samples]
+    assert done.stopped and not live.stopped and ages == ["0"]
