@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from jobtrace.errors import JobNotFound
 from jobtrace.store import job_dir
 from queries import LocalTail, list_local_jobs, read_kernel_log
 
@@ -61,7 +62,7 @@ class StoreMetrics:
             tail = self.tails.setdefault(job, LocalTail(self.data_dir, job))
             try:
                 events = tail.read()
-            except Exception:  # noqa: BLE001 - a job removed or pruned meanwhile: forget it
+            except (JobNotFound, OSError):  # a job removed meanwhile: forget it
                 self._forget(job)
                 continue
             for e in events:
