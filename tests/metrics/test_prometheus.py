@@ -147,7 +147,14 @@ def test_a_real_job_scraped_by_a_real_prometheus_and_its_alert_in_alertmanager(t
                 result = prom.query(expr)  # a syntax or type error is not "success"
                 if "jobtrace_" in expr and not any(k in expr for k in ("cuda", "tokens", "samples", "gpu", "kernel")):
                     assert result, (panel["title"], expr)
-        rules = requests.get(prom.url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+        # every rule evaluates cleanly ("unknown" until a group's first evaluation: the recording group runs every
+        # 15 s, at an offset of Prometheus' choosing)
+        deadline, rules = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            rules = requests.get(prom.url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
+            if all(r["health"] != "unknown" for g in rules for r in g["rules"]):
+                break
+            time.sleep(1)
         assert {g["name"] for g in rules} >= {"jobtrace.recording", "jobtrace.alerts"}
         assert all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
         # a frozen rank: its heartbeat age grows, the alert fires and reaches Alertmanager with its rank
