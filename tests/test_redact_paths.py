@@ -84,7 +84,7 @@ def test_a_traced_process_stores_no_secret(tmp_path, native):
 def test_ingest_stores_no_secret(tmp_path, engine):
     """`jobtrace ingest` of a log file holding every kind of secret, in each engine."""
     if engine == "compiled" and not _native_built():
-        pytest.skip("jobtrace_native not built")
+        pytest.skip(reason="jobtrace_native not built")
     log = tmp_path / "train.log"
     lines = []
     for step, (text, _) in enumerate(s.LINES.values()):

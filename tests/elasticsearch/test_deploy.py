@@ -73,7 +73,7 @@ def test_opensearch_security_script_is_valid_bash():
     import subprocess
 
     if not shutil.which("bash"):
-        pytest.skip("no bash")
+        pytest.skip(reason="no bash")
     subprocess.run(["bash", "-n", str(HERE / "opensearch-security.sh")], check=True)
 
 

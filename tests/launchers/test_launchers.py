@@ -55,7 +55,7 @@ def check_one_job(tmp_path: Path, launcher: str, job_id: str | None = None) -> N
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if not slurm.available():
-        pytest.skip("needs Debian's slurm-wlm and munge, as root (.ci/run installs them)")
+        pytest.skip(reason="needs Debian's slurm-wlm and munge, as root (.ci/run installs them)")
     with slurm.cluster(tmp_path_factory.mktemp("slurm")) as env:
         yield env
 

@@ -165,7 +165,7 @@ def test_docker_compose_config_accepts_the_file(path, tmp_path):
         stripped.write_text("".join(line for line in path.read_text().splitlines(True) if not line.startswith("name:")))
         cmd = ["docker-compose", "--project-directory", str(path.parent), "-f", str(stripped), "config", "-q"]
     else:
-        pytest.skip("no docker compose / docker-compose here")
+        pytest.skip(reason="no docker compose / docker-compose here")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     # and without the passwords it refuses to start

@@ -126,9 +126,9 @@ def test_a_real_kernel_oom_kill_is_counted(tmp_path):
     try:
         read_kernel_log(time.time_ns() - 10**9, time.time_ns())
     except OSError:
-        pytest.skip("the kernel log is not readable here")
+        pytest.skip(reason="the kernel log is not readable here")
     if os.geteuid() != 0:
-        pytest.skip("needs root for a memory cgroup")
+        pytest.skip(reason="needs root for a memory cgroup")
     collector = StoreMetrics(tmp_path, kernel_log=True, node="n")
     before = samples(collector).get(("jobtrace_node_kernel_events_total", (("kind", "host_oom"), ("node", "n"))), 0)
     with memory_cgroup(f"jobtrace-metrics-{os.getpid()}", 64 << 20) as group:

@@ -29,7 +29,7 @@ SHIFT_S = 0.05
 @pytest.fixture(scope="module")
 def shifted_job(tmp_path_factory):
     if FAKETIME is None:
-        pytest.skip("needs libfaketime (Debian's faketime)")
+        pytest.skip(reason="needs libfaketime (Debian's faketime)")
     data = tmp_path_factory.mktemp("clocks")
     port = free_port()
     procs = []

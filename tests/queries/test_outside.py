@@ -82,7 +82,7 @@ def memory_cgroup(name: str, limit: int) -> Iterator[Path]:
                 group.mkdir(exist_ok=True)
                 (group / knob).write_text(str(limit))
             except OSError as exc:
-                pytest.skip(f"cannot make a memory cgroup here ({exc})")
+                pytest.skip(reason=f"cannot make a memory cgroup here ({exc})")
             try:
                 yield group
             finally:
@@ -93,14 +93,14 @@ def memory_cgroup(name: str, limit: int) -> Iterator[Path]:
                     except OSError:
                         time.sleep(0.2)
             return
-    pytest.skip("no writable memory cgroup controller here")
+    pytest.skip(reason="no writable memory cgroup controller here")
 
 
 @pytest.mark.torchjob
 def test_a_rank_killed_by_the_kernel_oom_killer_is_dead_with_the_kernels_line(tmp_path):
     pytest.importorskip("torch", reason="a torch.distributed job")
     if os.geteuid() != 0 or not _kmsg_readable():
-        pytest.skip("needs root (a memory cgroup) and a readable kernel log")
+        pytest.skip(reason="needs root (a memory cgroup) and a readable kernel log")
     from tests.watching import Job, Watcher
 
     with memory_cgroup(f"jobtrace-test-{os.getpid()}", 384 << 20) as group:

@@ -154,7 +154,7 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
     """A real Alertmanager (Debian's prometheus-alertmanager) on loopback ports; its base URL."""
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if binary is None:
-        pytest.skip("needs Alertmanager (Debian's prometheus-alertmanager)")
+        pytest.skip(reason="needs Alertmanager (Debian's prometheus-alertmanager)")
     conf = tmp_path / "alertmanager.yml"
     conf.write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
     port, cluster = free_port(), free_port()
