@@ -46,6 +46,7 @@ __all__ = [
     "get_secret",
     "get_str",
     "markdown",
+    "parse_duration_s",
     "read_patterns",
     "server_vars",
 ]
@@ -293,6 +294,17 @@ def environ() -> Mapping[str, str]:
 def _raw(name: str, env: Mapping[str, str] | None) -> str | None:
     value = (environ() if env is None else env).get(name)
     return None if value is None or value.strip() == "" else value.strip()
+
+
+DURATION_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration_s(text: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (or plain seconds) as seconds; ValueError otherwise. The one
+    reading of a duration: ``--since 7d``, ``--older-than 2w``, ``JOBTRACE_RETENTION_LOGS``."""
+    text = text.strip().lower()
+    unit = DURATION_UNITS.get(text[-1:]) if text else None
+    return float(text[:-1] if unit else text) * (unit or 1)
 
 
 def get_str(name: str, env: Mapping[str, str] | None = None, default: str | None = None) -> str | None:

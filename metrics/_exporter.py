@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jobtrace.errors import JobNotFound
-from jobtrace.store import job_dir
+from jobtrace.store import job_dir, newest_write_ns
 from queries import LocalTail, list_local_jobs, read_kernel_log
 
 from ._gpu import GpuSampler
@@ -57,7 +57,7 @@ class StoreMetrics:
         now_ns = now_ns or time.time_ns()
         horizon = now_ns - int(self.forget_after_s * 1e9)
         for job in self.only or list_local_jobs(self.data_dir):
-            if job not in self.tails and _newest_write_ns(job_dir(self.data_dir, job)) < horizon:
+            if job not in self.tails and newest_write_ns(job_dir(self.data_dir, job)) < horizon:
                 continue  # an old job: never read
             tail = self.tails.setdefault(job, LocalTail(self.data_dir, job))
             try:
@@ -205,15 +205,3 @@ class StoreMetrics:
         for kind, n in sorted(self.kernel_counts.items()):
             events.add_metric([self.node, kind], n)
         yield events
-
-
-def _newest_write_ns(directory: os.PathLike[str] | str) -> int:
-    newest = 0
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if entry.name.endswith(".jsonl"):
-                    newest = max(newest, entry.stat().st_mtime_ns)
-    except OSError:
-        return 0
-    return newest

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from jobtrace.config import parse_duration_s
 from jobtrace.errors import BackendUnavailable, ConfigError, QueryError, ServerUnavailable
 from jobtrace.redact import url_for_display
 
@@ -21,8 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TimeRange", "busy_windows", "even_windows", "parse_time", "read_request"]
 
-_REL = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_REL = re.compile(r"^\d+(?:\.\d+)?[smhdw]$")
 
 
 def parse_time(value: str | None, now_ns: int) -> int | None:
@@ -31,9 +31,8 @@ def parse_time(value: str | None, now_ns: int) -> int | None:
         return None
     if value == "now":
         return now_ns
-    m = _REL.match(value)
-    if m:
-        return now_ns - int(float(m.group(1)) * _UNIT[m.group(2)] * 1e9)
+    if _REL.match(value):
+        return now_ns - int(parse_duration_s(value) * 1e9)
     if value.isdigit():
         n = int(value)
         return n if n > 10**15 else n * 10**9

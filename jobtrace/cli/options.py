@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import click
+
+from jobtrace import config
 
 __all__ = ["backend_option", "version_option", "version_text"]
 
@@ -73,18 +75,15 @@ def backend_option(choices: tuple[str, ...], *, default: str | None, help: str) 
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]  # (generic only from click 8.2)
-    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (or plain seconds) as seconds."""
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` (or plain seconds) as seconds (:func:`jobtrace.config.parse_duration_s`)."""
 
     name = "duration"
-    _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
             return float(value)
-        text = str(value).strip().lower()
-        unit = self._UNITS.get(text[-1:]) if text else None
         try:
-            seconds = float(text[:-1] if unit else text) * (unit or 1)
+            seconds = config.parse_duration_s(str(value))
         except ValueError:
             self.fail(f"{value!r}: expected a duration such as 90s, 30m, 12h, 7d or 2w", param, ctx)
         if not seconds > 0:

@@ -27,6 +27,7 @@ __all__ = [
     "golden_dir",
     "job_dir",
     "list_jobs",
+    "newest_write_ns",
     "process_file_name",
     "safe_name",
     "spool_root",
@@ -83,3 +84,17 @@ def list_jobs(data_dir: str | os.PathLike[str]) -> list[str]:
     return sorted(p.name for p in root.iterdir()
                   if p.is_dir() and (any(p.glob("*.jsonl"))
                                      or any(SEGMENT_RE.match(s.name) for s in p.glob("*.jsonl.*.parquet"))))
+
+
+def newest_write_ns(directory: str | os.PathLike[str]) -> int:
+    """When a job directory's files were last written (its newest file's mtime, ns); 0 if none or unreadable.
+    How ``jobtrace prune`` and the metrics sidecar tell a quiet job from a running one."""
+    newest = 0
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.is_file():
+                    newest = max(newest, entry.stat().st_mtime_ns)
+    except OSError:
+        return 0
+    return newest

@@ -15,9 +15,8 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ._layout import cache_dir, job_dir, list_jobs
+from ._layout import cache_dir, job_dir, list_jobs, newest_write_ns
 from ._segments import compact, segment_for
 
 __all__ = ["PruneReport", "prune"]
@@ -38,14 +37,6 @@ class PruneReport:
     skipped_recent: int = 0
 
 
-def _newest_mtime_ns(directory: Path) -> int:
-    newest = 0
-    for entry in os.scandir(directory):
-        if entry.is_file():
-            newest = max(newest, entry.stat().st_mtime_ns)
-    return newest
-
-
 def prune(data_dir: str | os.PathLike[str], older_than_s: float, *, dry_run: bool = False,
           now_ns: int | None = None) -> PruneReport:
     """Prune the raw lines of every job in ``data_dir`` whose newest file is older than ``older_than_s``."""
@@ -53,7 +44,7 @@ def prune(data_dir: str | os.PathLike[str], older_than_s: float, *, dry_run: boo
     cutoff = (now_ns or time.time_ns()) - int(older_than_s * 1e9)
     for job in list_jobs(data_dir):
         directory = job_dir(data_dir, job)
-        if _newest_mtime_ns(directory) >= cutoff:
+        if newest_write_ns(directory) >= cutoff:
             report.skipped_recent += 1
             continue
         pruned = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -15,3 +17,15 @@ def last_losses(job_dir: Path) -> dict[str, float]:
                     key=lambda e: e["ts"]):
         last[str(e["rank"])] = e["metrics"]["loss"]
     return last
+
+
+def wait_for_series(query: Callable[[str], list[dict]], promql: str, n: int, timeout: float = 90) -> list[dict]:
+    """``query(promql)`` once it returns ``n`` series or more (a server ingests and evaluates on its own clock)."""
+    deadline = time.monotonic() + timeout
+    result: list[dict] = []
+    while time.monotonic() < deadline:
+        result = query(promql)
+        if len(result) >= n:
+            return result
+        time.sleep(1)
+    raise AssertionError(f"{promql}: {len(result)} series after {timeout}s, wanted {n}: {result}")

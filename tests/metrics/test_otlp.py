@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.metrics import last_losses
+from tests.metrics import last_losses, wait_for_series
 
 pytest.importorskip("torch", reason="a torch.distributed job")
 pytest.importorskip("prometheus_client", reason="jobtrace[metrics]")
@@ -21,14 +20,8 @@ pytestmark = pytest.mark.torchjob
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wait(vm, promql: str, n: int, timeout: float = 60) -> list[dict]:
-    deadline, got = time.monotonic() + timeout, []
-    while time.monotonic() < deadline:
-        got = vm.query(promql)
-        if len(got) >= n:
-            return got
-        time.sleep(1)
-    raise AssertionError(f"{promql}: {got}")
+def wait(server, promql: str, n: int) -> list[dict]:
+    return wait_for_series(server.query, promql, n, timeout=60)
 
 
 def test_a_real_jobs_series_arrive_as_otlp_metrics(tmp_path, victoriametrics):

@@ -21,7 +21,7 @@ import pytest
 import requests
 import yaml
 
-from tests.metrics import last_losses
+from tests.metrics import last_losses, wait_for_series
 from tests.servers.base import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,14 +93,7 @@ class Prometheus:
         return answer["data"]["result"]
 
     def wait(self, promql: str, n: int, timeout: float = 90) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        result: list[dict] = []
-        while time.monotonic() < deadline:
-            result = self.query(promql)
-            if len(result) >= n:
-                return result
-            time.sleep(1)
-        raise AssertionError(f"{promql}: {len(result)} series after {timeout}s, wanted {n}: {result}")
+        return wait_for_series(self.query, promql, n, timeout)
 
     def close(self) -> None:
         self.proc.terminate()
