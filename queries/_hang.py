@@ -103,28 +103,35 @@ def _pending(con: DuckDBPyConnection, info: dict[int, dict[str, Any]],
     """Per stuck rank, the collectives its latest heartbeats (one per source) say it is inside."""
     if not stuck:
         return {}
+    ids = ",".join(str(int(r)) for r in stuck)
     beats = rows(
         con,
         f"""SELECT rank, attrs, ts FROM (
                 SELECT rank, attrs, ts, row_number() OVER (PARTITION BY rank, json_extract_string(attrs, '$.source'),
                        json_extract_string(attrs, '$.in_group') ORDER BY ts DESC) AS rn
-                FROM events WHERE kind = 'heartbeat' AND rank IN ({",".join(str(int(r)) for r in stuck)}))
+                FROM events WHERE kind = 'heartbeat' AND rank IN ({ids}))
             WHERE rn = 1""",
     )
     latest_own: dict[int, int] = {}
     for b in beats:
         if as_json(b["attrs"]).get("source") is None:
             latest_own[b["rank"]] = max(latest_own.get(b["rank"], 0), b["ts"])
+    # A collective that ended in an error (a peer's socket closed as the job was torn down) was
+    # never left: the rank waited in it to the end, whatever heartbeat came after.
+    failed = {(c["rank"], c["grp"], c["seq"]) for c in rows(
+        con, f"SELECT rank, grp, seq FROM colls WHERE error IS NOT NULL AND rank IN ({ids})")}
     pending: dict[int, list[dict[str, Any]]] = {}
     for b in beats:
         a = as_json(b["attrs"])
         r = info[b["rank"]]
         if not a.get("in_op") or (r["last_progress"] is not None and b["ts"] < r["last_progress"]):
             continue
-        if a.get("source") is None and b["ts"] < latest_own.get(b["rank"], 0):
+        grp = str(a.get("in_group") or "default")
+        if (a.get("source") is None and b["ts"] < latest_own.get(b["rank"], 0)
+                and (b["rank"], grp, a.get("in_seq")) not in failed):
             continue  # an older heartbeat of ours: the rank has left that collective since
         pending.setdefault(b["rank"], []).append({
-            "op": a["in_op"], "grp": str(a.get("in_group") or "default"), "seq": a.get("in_seq"),
+            "op": a["in_op"], "grp": grp, "seq": a.get("in_seq"),
             "bytes": a.get("in_bytes"), "ts": b["ts"], "age_ms": a.get("op_age_ms")})
     return pending
 

@@ -6,7 +6,9 @@ tracing code, and asserts what ``trace-job``'s analysis concluded.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,7 @@ from queries import AnalysisConfig, analyze, load_local
 from tests.conftest import read_events
 
 pytestmark = pytest.mark.torchjob
+DATA = Path(__file__).parent / "data"
 
 
 def run(tmp_path, name, **kw):
@@ -106,6 +109,19 @@ class TestHang:
         assert waiting == others
         # The stack of the hung main thread was captured while it was silent.
         assert any("time.sleep" in e or "train.py" in e for e in f.evidence)
+
+    def test_a_rank_whose_collective_failed_at_teardown_still_waited_in_it(self, tmp_path):
+        """A heartbeat after a collective that ended in an error does not make its rank a culprit.
+
+        Recorded from a real run of the test above (``data/README.md``): rank 1's all_reduce #12
+        failed when the job was stopped, and its heartbeat thread beat once more before it exited.
+        """
+        shutil.copytree(DATA / "torn_down_hang", tmp_path / "torn_down_hang")
+        report = analyze(load_local(tmp_path, "torn_down_hang"), AnalysisConfig(stall_s=6.0))
+        stalled = [f for f in report.findings if f.kind == "stalled_rank"]
+        assert [f.ranks for f in stalled] == [[3]]
+        assert "ranks 0-2 wait in all_reduce #12" in stalled[0].summary
+        assert [r.rank for r in report.per_rank if r.status == "waiting"] == [0, 1, 2]
 
 
 class TestLoss:
