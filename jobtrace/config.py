@@ -100,6 +100,11 @@ STALL_DUMP_S: Final = _var("JOBTRACE_STALL_DUMP_S", "float", "10",
                            "Seconds without progress before the heartbeat thread records the scene: every Python "
                            "thread's stack and, where torch keeps one, the Flight Recorder buffer (a file beside the "
                            "rank's events).", _G)
+RUN_NONCE_TIMEOUT_S: Final = _var("JOBTRACE_RUN_NONCE_TIMEOUT_S", "float", "300",
+                                  "Where no launcher names the run, the longest a rank other than 0 waits in "
+                                  "`init_tracing` for the run's nonce in the store rank 0 serves (as long as rank 0 "
+                                  "takes to start, like `init_process_group`). A rank that gives up keeps the id "
+                                  "derived from MASTER_ADDR/PORT, and says so.", _G)
 MEMORY_INTERVAL_S: Final = _var("JOBTRACE_MEMORY_INTERVAL_S", "float", "0.1",
                                 "Least seconds between two host-RSS samples at step ends (0: every step; CUDA "
                                 "counters are read every step).", _G)

@@ -556,16 +556,20 @@ def init_tracing(
 
 def _with_run_nonce(identity: Identity, rank: int | None, local_rank: int | None, world_size: int | None,
                     node: str | None) -> Identity:
-    """A derived job id made this run's own with torchrun's agent-store nonce (``_runid``), where there is one."""
+    """A derived job id made this run's own with a nonce from the run's store (``_runid``), where there is one."""
     from ._runid import run_nonce
 
-    nonce = run_nonce(config.environ())
+    env = config.environ()
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("true", "1")
+    wait = 30.0 if agent else config.get_float(config.RUN_NONCE_TIMEOUT_S, env, 300.0, positive=True) or 300.0
+    nonce = run_nonce(env, identity.rank, timeout_s=wait)
     if nonce is None:
         return identity
     job = f"{identity.job_id}-{nonce}"
     again = resolve_identity(job_id=job, rank=rank, local_rank=local_rank, world_size=world_size, node=node)
-    note = (f"no launcher job id found; derived {job} from MASTER_ADDR/PORT and this run's nonce in torchrun's "
-            f"store. Set {config.JOB_ID} to name the job.")
+    where = "torchrun's agent store" if agent else "the store rank 0 serves at MASTER_ADDR/PORT"
+    note = (f"no launcher job id found; derived {job} from MASTER_ADDR/PORT and this run's nonce in {where}. "
+            f"Set {config.JOB_ID} to name the job.")
     kept = tuple(w for w in again.warnings if not w.startswith("no launcher job id"))
     return dataclasses.replace(again, warnings=(note, *kept))
 
