@@ -39,6 +39,8 @@ __all__ = [
     "SpanCategory",
     "PHASES",
     "COLLECTIVE_OPS",
+    "DL_METRICS",
+    "DL_IDENTITY",
     "decode",
     "encode",
     "encode_lines",
@@ -131,6 +133,21 @@ COLUMNS: Final[dict[str, str]] = {f.key: f.column for f in FIELDS}
 
 IDENTITY_KEYS: Final[tuple[str, ...]] = tuple(f.key for f in FIELDS if f.identity)
 """The keys of the identity block, in order: ``job, trace_id, rank, local_rank, world, node, pid, v``."""
+
+
+DL_METRICS: Final = {"loss": "dl.loss", "grad_norm": "dl.grad_norm", "lr": "dl.learning_rate",
+                     "learning_rate": "dl.learning_rate", "tflops": "dl.throughput_tflops",
+                     "tokens_per_sec": "dl.throughput_tokens_per_sec", "batch_size": "dl.batch_size"}
+"""jobtrace's metric names -> the ``dl.*`` span attributes NVIDIA's NeMo Lens and NVRx give them (their
+semconv): written on our OTLP spans, read back from theirs."""
+
+DL_IDENTITY: Final = {"job": ("nemo.run.id", "nv.dl.job.uuid", "jobtrace.job.id"),
+                      "rank": ("dl.rank", "nv.dl.rank", "jobtrace.rank"),
+                      "local_rank": ("dl.local_rank", "nv.dl.local_rank", "jobtrace.local_rank"),
+                      "world": ("dl.world_size", "nv.dl.world_size", "jobtrace.world_size"),
+                      "node": ("host.name", "k8s.node.name")}
+"""Our identity keys -> the OTel resource attributes that carry them: NeMo Lens' current names first, then
+NVRx's ``nv.dl.*``, then ours (an OTLP reader takes the first present)."""
 
 
 PHASES: Final = ("data", "forward", "backward", "optimizer", "checkpoint", "eval")

@@ -44,7 +44,12 @@ def resource_for(ident: Identity) -> Resource:
             "jobtrace.local_rank": ident.local_rank,
             "jobtrace.world_size": ident.world_size,
             "jobtrace.launcher": ident.launcher,
-            # the same identity by the names of NVIDIA's NeMo Lens and NVRx (their semconv), for their readers
+            # the same identity by the names of NVIDIA's NeMo Lens (``dl.*``, ``nemo.run.id``) and NVRx
+            # (``nv.dl.*``), for their readers (jobtrace.events.DL_IDENTITY)
+            "nemo.run.id": ident.job_id,
+            "dl.rank": ident.rank,
+            "dl.local_rank": ident.local_rank,
+            "dl.world_size": ident.world_size,
             "nv.dl.job.uuid": ident.job_id,
             "nv.dl.run.uuid": ident.job_id,
             "nv.dl.rank": ident.rank,

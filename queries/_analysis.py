@@ -48,6 +48,7 @@ from ._model import (
 )
 from ._store import JobData
 from ._straggler import analyze_stragglers, late_arrival_findings, late_arrivals, window_size
+from ._sync_phases import infer_sync_phases
 
 __all__ = ["AnalysisConfig", "EventRef", "Finding", "NodeSummary", "RankSummary", "Report", "analyze"]
 
@@ -108,6 +109,7 @@ def analyze(
     cfg = config or AnalysisConfig()
     con = job.con
     build_tables(con, job.derive_from, job.rollups)
+    sync_phases = infer_sync_phases(con)
     step_info = rows(
         con, "SELECT count(DISTINCT step) AS n, min(step) AS lo, max(step) AS hi, median(step_ns) AS med FROM steps"
     )[0]
@@ -195,6 +197,8 @@ def analyze(
             throughput[key] = round(value, 1)
     collectives: dict[str, Any] = {"instances": ctx.late["instances"], "ops": ctx.late["ops"],
                                    "window_steps": straggler_info.get("window_steps")}
+    if sync_phases:  # no collective recorded: these phases stood in for them (see _sync_phases)
+        collectives["inferred_from_phases"] = sync_phases
     if hang_info:
         collectives["wavefront"] = hang_info.get("wavefront")
         collectives["waves"] = hang_info.get("waves")

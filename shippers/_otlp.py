@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from jobtrace import config
+from jobtrace.events import DL_METRICS
 
 __all__ = ["OtlpSpanSink", "RootSpan"]
 
@@ -41,12 +42,6 @@ class RootSpan(NamedTuple):
 
 _SPAN_MARK = b'"kind":"span"'
 _METRIC_MARK = b'"kind":"metric"'
-
-DL_METRICS = {"loss": "dl.loss", "grad_norm": "dl.grad_norm", "lr": "dl.learning_rate",
-              "learning_rate": "dl.learning_rate", "tflops": "dl.throughput_tflops",
-              "tokens_per_sec": "dl.throughput_tokens_per_sec", "batch_size": "dl.batch_size"}
-"""jobtrace's metric names -> NeMo Lens' ``dl.*`` span attributes for them."""
-
 
 class OtlpSpanSink:
     """Turns the span lines of each batch into OpenTelemetry spans for the SDK's OTLP exporter."""

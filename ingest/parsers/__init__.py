@@ -1,7 +1,7 @@
 """The built-in parsers, one module per source, and the default registry order.
 
 Order matters only for a line that triggers several parsers: the specific formats
-come first, the failure evidence next, the generic ``step N loss x`` reader last.
+(OTLP/JSON documents first: whole span batches, never a log line) come first, the failure evidence next, the generic ``step N loss x`` reader last.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .generic import GenericStepParser
 from .huggingface import HuggingFaceParser
 from .megatron import MegatronParser
 from .mmengine import MmengineParser
+from .otlp import OtlpSpanParser
 from .torch_distributed import ElasticFailureParser, NcclParser, OomParser, TracebackParser, WatchdogParser
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "MegatronParser",
     "MmengineParser",
     "NcclParser",
+    "OtlpSpanParser",
     "OomParser",
     "TracebackParser",
     "WatchdogParser",
@@ -34,6 +36,7 @@ __all__ = [
 def builtin_registry() -> ParserRegistry:
     """A fresh registry holding the built-in parsers in their default order."""
     return ParserRegistry([
+        OtlpSpanParser(),
         MegatronParser(),
         DeepSpeedParser(),
         HuggingFaceParser(),

@@ -115,3 +115,10 @@ class JaegerServer(ManagedServer):
         if last:
             return last
         raise ServerError(f"{self.name}: trace {trace_id} not found after {timeout:.0f}s")
+
+    def trace_otlp(self, trace_id: str) -> bytes:
+        """The trace as Jaeger's query API v3 answers it: one OTLP/JSON document (``{"result": {"resourceSpans"``)."""
+        r = requests.get(f"{self.url}/api/v3/traces/{trace_id}", timeout=30)
+        if r.status_code != 200:
+            raise ServerError(f"{self.name}: GET /api/v3/traces/{trace_id} answered {r.status_code}: {r.text[:300]}")
+        return r.content

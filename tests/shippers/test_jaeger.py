@@ -9,8 +9,13 @@ import pytest
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otlp extra is part of the test dependencies")
 
+from click.testing import CliRunner
+
+from jobtrace.cli import main
 from jobtrace.demo import DemoConfig, run_job
 from otel_instrumentation import trace_id_for_job
+from queries import analyze, load_local
+from tests.conftest import read_events
 
 pytestmark = pytest.mark.torchjob
 
@@ -18,11 +23,15 @@ RANKS, STEPS, PHASES = 2, 5, ("data", "forward", "backward", "optimizer")
 
 
 @pytest.fixture(scope="module")
-def trace(jaeger, tmp_path_factory):
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="module")
+def trace(jaeger, store):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp_url)
-        rc = run_job(DemoConfig(job_id="jaeger-job", data_dir=str(tmp_path_factory.mktemp("store")), ranks=RANKS,
-                                steps=STEPS))
+        rc = run_job(DemoConfig(job_id="jaeger-job", data_dir=str(store), ranks=RANKS, steps=STEPS))
     assert rc == 0
     per_rank = 1 + STEPS * (1 + len(PHASES) + 1)  # at least: the step spans, their phases and all_reduce
     return jaeger.trace(trace_id_for_job("jaeger-job"), min_spans=RANKS * per_rank + 1)
@@ -62,12 +71,13 @@ def test_processes_name_the_job_and_each_rank(trace):
 
 
 def test_spans_carry_nemo_lens_names_for_nvidias_readers(trace):
-    """NeMo Lens / NVRx conventions (NVIDIA-NeMo/Lens ``src/nemo/lens/semconv.py``): ``nv.dl.*`` on the
-    resource, ``dl.iteration`` on a step's spans, and the step's loss on its span as ``dl.loss``."""
+    """NeMo Lens / NVRx conventions (NVIDIA-NeMo/Lens ``src/nemo/lens/semconv.py``): ``dl.*`` and ``nemo.run.id``
+    (Lens) and ``nv.dl.*`` (NVRx) on the resource, ``dl.iteration`` on a step's spans, and the step's loss on its span as ``dl.loss``."""
     for process in trace["processes"].values():
         tags = {t["key"]: t["value"] for t in process["tags"]}
-        assert tags["nv.dl.job.uuid"] == tags["nv.dl.run.uuid"] == "jaeger-job"
-        assert tags["nv.dl.rank"] == tags["jobtrace.rank"] and tags["nv.dl.world_size"] == RANKS
+        assert tags["nv.dl.job.uuid"] == tags["nv.dl.run.uuid"] == tags["nemo.run.id"] == "jaeger-job"
+        assert tags["nv.dl.rank"] == tags["dl.rank"] == tags["jobtrace.rank"]
+        assert tags["nv.dl.world_size"] == tags["dl.world_size"] == RANKS
     steps = [s for s in trace["spans"] if s["operationName"] == "step"]
     for s in steps:
         tags = {t["key"]: t["value"] for t in s["tags"]}
@@ -75,3 +85,25 @@ def test_spans_carry_nemo_lens_names_for_nvidias_readers(trace):
         assert isinstance(tags["dl.loss"], float) and tags["dl.loss"] == tags["dl.loss"]  # the demo logs its loss
     assert len({(rank_of(trace, s), {t["key"]: t["value"] for t in s["tags"]}["dl.iteration"]) for s in steps}) \
         == RANKS * STEPS
+
+
+def test_the_trace_read_back_from_jaeger_as_otlp_json_is_the_same_job(trace, jaeger, store, tmp_path):
+    """Jaeger's API v3 (OTLP/JSON) through ``jobtrace ingest``: every span on its rank and step, the steps'
+    losses as the ranks logged them, and the same per-rank steps as the job's own store."""
+    doc = tmp_path / "trace.json"
+    doc.write_bytes(jaeger.trace_otlp(trace_id_for_job("jaeger-job")))
+    res = CliRunner().invoke(main, ["ingest", str(doc), "--job", "from-jaeger", "--data-dir", str(tmp_path / "d"),
+                                    "--quiet"])
+    assert res.exit_code == 0, res.output
+    back = read_events(tmp_path / "d" / "from-jaeger")
+    own = read_events(store / "jaeger-job")
+    assert len([e for e in back if e["kind"] == "span"]) == len(trace["spans"])
+    steps = lambda evs: sorted((e["rank"], e["step"]) for e in evs if e["kind"] == "span" and e.get("cat") == "step")
+    assert steps(back) == steps(own) and len(steps(back)) == RANKS * STEPS
+    loss = lambda evs: {(e["rank"], e["step"]): e["metrics"]["loss"] for e in evs
+                        if e["kind"] == "metric" and "loss" in (e.get("metrics") or {})}
+    assert loss(back) == loss(own) and len(loss(back)) == RANKS * STEPS
+    colls = lambda evs: sorted((e["rank"], e["attrs"]["seq"]) for e in evs if e.get("cat") == "collective")
+    assert colls(back) == colls(own)
+    report = analyze(load_local(tmp_path / "d", "from-jaeger"))
+    assert (report.ranks, report.steps) == (RANKS, STEPS) and report.findings == []
