@@ -28,7 +28,7 @@ from typing import Any
 
 from jobtrace.store import build_tables
 
-from ._clocks import node_offsets
+from ._clocks import APPLY_NS, node_offsets
 from ._failures import analyze_failures
 from ._golden import GoldenProfile, compare_to_golden
 from ._hang import analyze_hang
@@ -71,11 +71,6 @@ def _training_ranks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept or ranks
 
 
-CLOCK_APPLY_NS = 2_000_000
-"""Offsets under 2 ms are reported, not applied: ranks of one clock leave a gloo collective up to ~0.6 ms
-apart on a busy machine (the demo on 2 cores, 2 simulated nodes), and NTP keeps nodes about that close."""
-
-
 def _clocks(con: Any, ranks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, int]]:
     """The report's clock section and the offsets to apply (ns per node), for a job on several nodes."""
     nodes = {r["node"] for r in ranks}
@@ -83,7 +78,7 @@ def _clocks(con: Any, ranks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict
         return {}, {}
     reference = min(ranks, key=lambda r: r["rank"])["node"]
     found = node_offsets(con, reference)
-    clock = {n: o["offset_ns"] for n, o in found.items() if abs(o["offset_ns"]) >= CLOCK_APPLY_NS}
+    clock = {n: o["offset_ns"] for n, o in found.items() if abs(o["offset_ns"]) >= APPLY_NS}
     section = {"reference": reference, "offsets_ms": {n: round(o["offset_ns"] / 1e6, 3) for n, o in found.items()},
                "offsets_ns": {n: o["offset_ns"] for n, o in found.items()},
                "points": {n: o["points"] for n, o in found.items()}, "applied": sorted(clock),

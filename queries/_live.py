@@ -19,6 +19,11 @@ store), and evaluates the rules after every batch:
 * **nan_loss**, **loss_spike** (``spike_factor`` times the median of the last ``window`` losses)
   and **grad_explosion** (the same for the grad norm), per rank.
 
+Nodes' clocks differ: the offset of each node from the lowest rank's is estimated as the events arrive,
+from the moments ranks leave the same collective (as ``trace-job`` does), and every "how long ago" of a
+rank (its silence, its heartbeat's age, its wait) is measured on that reference clock, so a node whose
+clock is behind is not taken for silent, nor one ahead for busy.
+
 Each alert fires once, when its condition first holds, with its evidence, and resolves when the
 condition clears (a hang that ends, a rank that speaks again); its key says which condition it is,
 so a flapping condition is one alert that fires and resolves, not a stream.
@@ -33,7 +38,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._clocks import APPLY_NS, offsets_from_ends
 from ._model import span_list
+
+_CLOCK_INSTANCES = 512  # collectives kept for the clock estimate (the newest: a drifting clock is followed)
 
 __all__ = ["Alert", "LiveConfig", "LiveState"]
 
@@ -92,6 +100,7 @@ class _Rank:
     world: int | None = None
     last_ts: int = 0
     last_progress: int = 0
+    arrived: int = 0  # when its newest events reached the watcher (the watcher's clock)
     beat: dict[str, Any] | None = None
     beat_ts: int = 0
     step: int | None = None
@@ -126,6 +135,13 @@ class LiveState:
         """The firing alerts whose ranks' scene (stacks, Flight Recorder) arrived at the last evaluation: a
         hang is named before the stall's scene is recorded (8 s against 10), so it comes as an update."""
         self.events = 0
+        self.clocks: dict[str, Any] = {}
+        """Per-node clock offsets from the reference node (the lowest rank's), estimated live from the moments
+        ranks leave the same collective (:func:`._clocks.offsets_from_ends`): ``reference``, ``offsets_ms``,
+        ``applied`` (2 ms and more: every "how long ago" of that node's ranks is measured on the reference clock)."""
+        self._ends: dict[tuple[str, int], dict[str, list[int]]] = {}  # recent collectives: node -> end stamps
+        self._offsets: dict[str, int] = {}  # node -> ns, the applied ones
+        self._fed: set[int] = set()  # ranks with events since the last evaluation
         self._nan_seen: int | None = None  # when a non-finite grad norm was first seen
         self._pending: dict[str, int] = {}  # alerts that must hold a while (LiveConfig.hold_s): since when
 
@@ -139,6 +155,7 @@ class LiveState:
             r = self.ranks.get(rank)
             if r is None:
                 r = self.ranks[rank] = _Rank(rank)
+            self._fed.add(rank)
             ts = int(e["ts"])
             r.node = e.get("node") or r.node
             r.pid = e.get("pid") or r.pid
@@ -168,6 +185,10 @@ class LiveState:
             group, seq = str(attrs.get("group") or "default"), attrs.get("seq")
             if isinstance(seq, int):
                 r.done[group] = max(r.done.get(group, 0), seq)
+                if not attrs.get("async") and (attrs.get("group_size") or 2) > 1:
+                    self._ends.setdefault((group, seq), {}).setdefault(r.node, []).append(ts)
+                    if len(self._ends) > _CLOCK_INSTANCES:
+                        del self._ends[next(iter(self._ends))]
             if attrs.get("group_size"):
                 r.sizes[group] = int(attrs["group_size"])
             step = e.get("step")
@@ -231,6 +252,10 @@ class LiveState:
     # ---- judging ---------------------------------------------------------------------------------
     def evaluate(self, now_ns: int) -> tuple[list[Alert], list[Alert]]:
         """The alerts that began and those that cleared since the last call, at ``now_ns``."""
+        self._estimate_clocks()
+        for rank in self._fed:
+            self.ranks[rank].arrived = now_ns
+        self._fed.clear()
         current: dict[str, Alert] = {}
         for alert in self._hangs(now_ns) + self._silences(now_ns) + self._stragglers() + self._health(now_ns):
             current.setdefault(alert.key, alert)
@@ -263,6 +288,20 @@ class LiveState:
         self.history += fired
         return fired, cleared
 
+    def _estimate_clocks(self) -> None:
+        if not self.ranks or len({r.node for r in self.ranks.values()}) < 2:
+            return
+        reference = self.ranks[min(self.ranks)].node
+        found = offsets_from_ends(self._ends.values(), reference)
+        self._offsets = {n: o["offset_ns"] for n, o in found.items() if abs(o["offset_ns"]) >= APPLY_NS}
+        self.clocks = {"reference": reference,
+                       "offsets_ms": {n: round(o["offset_ns"] / 1e6, 3) for n, o in sorted(found.items())},
+                       "points": {n: o["points"] for n, o in sorted(found.items())}, "applied": sorted(self._offsets)}
+
+    def _ref(self, r: _Rank, ts: int) -> int:
+        """A stamp of ``r``'s on the reference node's clock (the watcher's "now" is compared with these)."""
+        return ts - self._offsets.get(r.node, 0)
+
     def finished(self, now_ns: int) -> bool:
         """Every rank of the job has stopped, failed, or gone silent with its process gone."""
         if not self.ranks:
@@ -270,7 +309,7 @@ class LiveState:
         world = max((r.world or 0) for r in self.ranks.values()) or len(self.ranks)
         after = self.cfg.silent_after_s * 1e9
         ended = sum(1 for r in self.ranks.values() if r.stopped or r.failure is not None or r.terminated is not None
-                    or (now_ns - r.last_ts >= after and self._process_gone(r)))
+                    or (now_ns - self._ref(r, r.last_ts) >= after and self._process_gone(r)))
         return len(self.ranks) >= world and ended >= world
 
     def _members(self, group: str) -> set[int]:
@@ -288,7 +327,7 @@ class LiveState:
             b = r.beat
             if not b or not b.get("in_op") or r.stopped or r.beat_ts < r.last_progress:
                 continue
-            age = (b.get("op_age_ms") or 0) * 1_000_000 + (now - r.beat_ts)
+            age = (b.get("op_age_ms") or 0) * 1_000_000 + (now - self._ref(r, r.beat_ts))
             waiting.setdefault(str(b.get("in_group") or "default"), {})[r.rank] = {**b, "age_ns": age}
         out = []
         for group, ranks in waiting.items():
@@ -316,7 +355,8 @@ class LiveState:
                                  f"never joined: rank {span_list(missing)} ({text})",
                                  missing, {"group": group, "seq": seq, "op": op, "waiting": sorted(at),
                                            "missing": missing, "doing": doing,
-                                           **({"waiting_flight_recorder": recorded} if recorded else {})}))
+                                           **({"waiting_flight_recorder": recorded} if recorded else {}),
+                                           **({"clocks": self.clocks} if self._offsets else {})}))
             elif len(at) >= len(members) > 1:
                 out.append(Alert(f"hang:{group}:{seq}", "hang", "critical",
                                  f"hang: every rank of group {group} has waited {wait_s:.0f}s in {where}, none "
@@ -330,35 +370,37 @@ class LiveState:
             return {"summary": "nothing heard from it"}
         b = r.beat or {}
         parts = []
+        beat_age = now - self._ref(r, r.beat_ts)
         if b.get("in_span"):
-            age = (b.get("span_age_ms") or 0) / 1e3 + (now - r.beat_ts) / 1e9
+            age = (b.get("span_age_ms") or 0) / 1e3 + beat_age / 1e9
             parts.append(f"in {b.get('in_cat') or 'span'} '{b['in_span']}' for {age:.0f}s")
         if b.get("last_op"):
             parts.append(f"last completed {b['last_op']} #{b.get('last_seq')} (group {b.get('last_group')})")
-        if r.beat_ts and now - r.beat_ts > 5e9:  # its heartbeat thread stopped too: frozen, or the GIL held
-            parts.append(f"no heartbeat for {(now - r.beat_ts) / 1e9:.0f}s")
+        if r.beat_ts and beat_age > 5e9:  # its heartbeat thread stopped too: frozen, or the GIL held
+            parts.append(f"no heartbeat for {beat_age / 1e9:.0f}s")
         if r.step is not None:
             parts.append(f"at step {r.step}")
         from ._flight_recorder import flight_recorder_summary
 
         return {"summary": ", ".join(parts) or "no heartbeat yet", "last_logs": list(r.logs),
                 "stacks": r.scene, "flight_recorder": flight_recorder_summary(r.scene),
-                "heartbeat_age_s": round((now - r.beat_ts) / 1e9, 1) if r.beat_ts else None}
+                "heartbeat_age_s": round(beat_age / 1e9, 1) if r.beat_ts else None}
 
     def _silences(self, now: int) -> list[Alert]:
         out = []
         after = self.cfg.silent_after_s * 1e9
-        torn = [r.terminated for r in self.ranks.values() if r.terminated is not None]
+        torn = [self._ref(r, r.terminated) for r in self.ranks.values() if r.terminated is not None]
         teardown = min(torn) if torn else None
         for r in self.ranks.values():
             if r.stopped or r.terminated is not None:
                 continue
             gone = self._process_gone(r)
-            if r.failure is None and ((teardown is not None and (gone or teardown - r.last_ts > 2e9))
-                                      or (gone and now - r.last_ts > 2e9)):
+            last = self._ref(r, r.last_ts)
+            if r.failure is None and ((teardown is not None and (gone or teardown - last > 2e9))
+                                      or (gone and now - last > 2e9)):
                 # The launcher is stopping the job, and this rank had gone quiet before: it is why.
                 why = ("its process is gone" if gone or teardown is None else
-                       f"nothing from it for {(teardown - r.last_ts) / 1e9:.0f}s before the launcher stopped the others")
+                       f"nothing from it for {(teardown - last) / 1e9:.0f}s before the launcher stopped the others")
                 out.append(Alert(f"died:{r.rank}", "rank_died", "critical",
                                  f"rank {r.rank} on {r.node} died at step {r.step}: {why} (no exit record: killed, or "
                                  "crashed in native code)", [r.rank],
@@ -369,7 +411,9 @@ class LiveState:
                                  f"rank {r.rank} on {r.node} died: {r.failure}", [r.rank],
                                  {"failure": r.failure, "last_logs": list(r.logs), "step": r.step}))
                 continue
-            quiet = now - r.last_ts
+            # Silent by its stamps on the reference clock, and by the watcher's own: nothing has arrived either.
+            # (Until a node's offset is known, a clock far behind makes a fresh rank look old by its stamps.)
+            quiet = min(now - last, now - r.arrived) if r.arrived else now - last
             if quiet < after:
                 continue
             kind = "rank_died" if gone else "silent"

@@ -51,14 +51,27 @@ class Watcher:
             [sys.executable, "-m", "jobtrace.cli", "watch", job, "--data-dir", str(data), "--json", "--interval", "0.5",
              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.alerts: list[tuple[float, dict]] = []
+        self.said: list[str] = []  # what it wrote to stderr (its progress lines and summary)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("{"):
                 self.alerts.append((time.monotonic(), json.loads(line)))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.said.append(line)
+
+    @property
+    def stderr(self) -> str:
+        """Everything it wrote to stderr so far (all of it once :meth:`finish` returned)."""
+        return "".join(self.said)
 
     def wait_for(self, kind: str, state: str = "firing", timeout: float = 90) -> tuple[float, dict]:
         deadline = time.monotonic() + timeout
@@ -67,7 +80,9 @@ class Watcher:
                 if a["kind"] == kind and a["state"] == state:
                     return t, a
             time.sleep(0.2)
-        raise AssertionError(f"no {state} {kind} alert in {timeout}s: {[a for _, a in self.alerts]}")
+        raise AssertionError(f"no {state} {kind} alert in {timeout}s: {[a for _, a in self.alerts]}; watcher "
+                             f"{'running' if self.proc.poll() is None else f'exited {self.proc.returncode}'}, "
+                             f"said: {self.stderr[-2000:]!r}")
 
     def finish(self, timeout: float = 60) -> int:
         try:
@@ -76,4 +91,5 @@ class Watcher:
             self.proc.terminate()
             self.proc.wait(timeout=15)
         self._reader.join(timeout=10)
+        self._err_reader.join(timeout=10)
         return self.proc.returncode

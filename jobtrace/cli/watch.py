@@ -113,9 +113,18 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
                f"{state.events:,} events read ({tail.bytes_read / 1e6:.1f} MB in {polls:,} polls"
                + (f", {tail.requests:,} queries)" if tail.requests else ")")
                + (f", {tail.skipped:,} lines skipped (not this job's events)" if tail.skipped else "")
-               + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}" if hook else ""))
+               + (f"; webhook: {hook.sent} posts, errors {hook.errors or 'none'}" if hook else "")
+               + _clock_text(state.clocks))
     console.print(Text(summary), soft_wrap=True)  # Text: a job id is not markup; one line, for scripts to read
     finish(state.fired == 0)
+
+
+def _clock_text(clocks: dict[str, Any]) -> str:
+    """``; clocks: aligned to node0's: node1 -30000.1 ms`` where offsets were applied (as trace-job's header)."""
+    if not clocks.get("applied"):
+        return ""
+    return (f"; clocks: aligned to {clocks['reference']}'s: "
+            + ", ".join(f"{n} {clocks['offsets_ms'][n]:+.1f} ms" for n in clocks["applied"]))
 
 
 def _show(console: Any, alert: Any, as_json: bool, job: str, *, updated: bool = False) -> None:

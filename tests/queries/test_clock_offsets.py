@@ -18,7 +18,9 @@ import pytest
 pytest.importorskip("torch", reason="the job is a torch.distributed job")
 
 from queries import AnalysisConfig, analyze, load_local, timeline_data
+from tests.procs import stop_tree
 from tests.servers.base import free_port
+from tests.watching import Watcher
 
 pytestmark = pytest.mark.torchjob
 FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -26,23 +28,29 @@ FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.
 SHIFT_S = 0.05
 
 
-@pytest.fixture(scope="module")
-def shifted_job(tmp_path_factory):
+def start_ranks(data, job: str, shift: str, *args: str) -> list[subprocess.Popen]:
+    """The demo's script as rank 0 on node0 and rank 1 on node1, node1's clock shifted by ``shift`` (faketime's)."""
     if FAKETIME is None:
         pytest.skip(reason="needs libfaketime (Debian's faketime)")
-    data = tmp_path_factory.mktemp("clocks")
     port = free_port()
     procs = []
     for rank in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JOBTRACE_", "TORCHELASTIC_"))}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
-                   JOBTRACE_JOB_ID="clocks", JOBTRACE_DATA_DIR=str(data), JOBTRACE_NODE=f"node{rank}",
+                   JOBTRACE_JOB_ID=job, JOBTRACE_DATA_DIR=str(data), JOBTRACE_NODE=f"node{rank}",
                    OMP_NUM_THREADS="1")
         if rank == 1:
-            env.update(LD_PRELOAD=FAKETIME, FAKETIME=f"+{SHIFT_S}", FAKETIME_DONT_FAKE_MONOTONIC="1",
-                       FAKETIME_NO_CACHE="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "jobtrace.demo.train", "--steps", "20"], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            env.update(LD_PRELOAD=FAKETIME, FAKETIME=shift, FAKETIME_DONT_FAKE_MONOTONIC="1", FAKETIME_NO_CACHE="1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "jobtrace.demo.train", *args], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+    return procs
+
+
+@pytest.fixture(scope="module")
+def shifted_job(tmp_path_factory):
+    data = tmp_path_factory.mktemp("clocks")
+    procs = start_ranks(data, "clocks", f"+{SHIFT_S}", "--steps", "20")
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
@@ -72,3 +80,23 @@ def test_the_timeline_puts_both_ranks_on_one_clock(shifted_job):
             ends.setdefault(s["seq"], {})[s["rank"]] = s["s"] + s["d"]
     gaps = sorted(abs(e[0] - e[1]) for e in ends.values() if len(e) == 2)
     assert gaps and gaps[len(gaps) // 2] < 1000  # µs: they leave each collective together, as they did
+
+
+def test_watch_aligns_a_node_whose_clock_is_30s_behind_while_the_job_runs(tmp_path):
+    """Live: node1's clock runs 30 s behind, so by its stamps rank 1 looks silent the moment it starts. The
+    watcher estimates the offset from the collectives as they arrive (within 1 ms of faketime's), raises no
+    silence, and when rank 0 hangs names it, with rank 1 waiting and the offset in the alert."""
+    procs = start_ranks(tmp_path, "live-clocks", "-30", "--steps", "100000", "--hang-rank", "0", "--hang-step", "300")
+    try:
+        watcher = Watcher(tmp_path, "live-clocks", "--silent-after", "6", "--timeout", "150")
+        _, hang = watcher.wait_for("hang", timeout=120)
+        assert hang["ranks"] == [0] and hang["evidence"]["waiting"] == [1]
+        clocks = hang["evidence"]["clocks"]
+        assert clocks["reference"] == "node0" and clocks["applied"] == ["node1"]
+        assert abs(clocks["offsets_ms"]["node1"] + 30_000) < 1.0, clocks
+        assert [a["kind"] for _, a in watcher.alerts if a["state"] == "firing"] == ["hang"]
+    finally:
+        for p in procs:
+            stop_tree(p)
+    watcher.finish()
+    assert "clocks: aligned to node0's: node1 -30000" in watcher.stderr

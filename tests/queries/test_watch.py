@@ -78,7 +78,7 @@ def test_a_hang_is_named_from_a_server_while_the_job_still_hangs(tmp_path, backe
     finally:
         job.stop()
     assert watcher.finish() == 1
-    assert "queries" in watcher.proc.stderr.read()  # type: ignore[union-attr]
+    assert "queries" in watcher.stderr
 
 
 def test_a_frozen_rank_is_silent_until_it_thaws_and_a_killed_one_died(tmp_path):
@@ -196,6 +196,6 @@ def test_a_server_that_goes_away_mid_watch_is_said_and_waited_for(tmp_path, priv
         rc = watcher.finish(timeout=90)
     finally:
         job.stop()
-    err = watcher.proc.stderr.read()  # type: ignore[union-attr]
+    err = watcher.stderr
     assert "cannot read VictoriaLogs" in err and "answers again" in err, err
     assert rc in (0, 1) and "events read" in err
