@@ -10,7 +10,18 @@ from ._alerts import Webhook, alertmanager_payload, slack_payload
 from ._analysis import AnalysisConfig, EventRef, Finding, NodeSummary, RankSummary, Report, analyze
 from ._backends import BACKENDS, TimeRange, load_job
 from ._flight_recorder import add_flight_recorder, load_flight_recorder, read_flight_recorder
-from ._golden import GoldenProfile, compare_to_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
+from ._golden import (
+    GoldenProfile,
+    choose_golden,
+    compare_to_golden,
+    golden_dir,
+    list_golden,
+    load_golden,
+    profile_distance,
+    profile_job,
+    remove_golden,
+    save_golden,
+)
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._live import Alert, LiveConfig, LiveState
 from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, read_kernel_log, slurm_evidence
@@ -49,6 +60,7 @@ __all__ = [
     "alertmanager_payload",
     "analyze",
     "attach_links",
+    "choose_golden",
     "classify_kernel_line",
     "compare_to_golden",
     "format_json",
@@ -68,9 +80,11 @@ __all__ = [
     "mark_golden",
     "open_tail",
     "print_report",
+    "profile_distance",
     "profile_job",
     "read_flight_recorder",
     "read_kernel_log",
+    "remove_golden",
     "save_golden",
     "slack_payload",
     "slurm_evidence",

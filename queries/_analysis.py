@@ -92,6 +92,7 @@ def analyze(
     *,
     golden: Sequence[GoldenProfile] = (),
     links: LinkConfig | None = None,
+    profile: GoldenProfile | None = None,
 ) -> Report:
     """Diagnose one job.
 
@@ -99,6 +100,7 @@ def analyze(
         job: the job's events, from :func:`load_local`, :func:`load_events` or a backend.
         config: thresholds (default :class:`AnalysisConfig()`).
         golden: reference runs to compare with (see :func:`load_golden`).
+        profile: this job's own profile where the caller already made it (to choose ``golden``).
         links: where the user's backend is, to link every finding to its events.
     """
     cfg = config or AnalysisConfig()
@@ -169,7 +171,7 @@ def analyze(
     findings += late_arrival_findings(ctx, named)
     for node in per_node:
         node.slow_ranks = [r for r in node.ranks if by_rank[r].status not in ("ok", "waiting")]
-    findings += compare_to_golden(job, list(golden), cfg)
+    findings += compare_to_golden(job, list(golden), cfg, profile)
     report_golden = [ref.name for ref in golden]
     findings.sort(key=lambda f: _SEVERITY.get(f.severity, 3))
 

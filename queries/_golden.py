@@ -39,7 +39,8 @@ from jobtrace.errors import QueryError
 
 from ._model import AnalysisConfig, EventRef, Finding, rows
 
-__all__ = ["GoldenProfile", "compare_to_golden", "golden_dir", "list_golden", "load_golden", "profile_job", "save_golden"]
+__all__ = ["GoldenProfile", "choose_golden", "compare_to_golden", "golden_dir", "list_golden", "load_golden",
+           "profile_distance", "profile_job", "remove_golden", "save_golden"]
 
 #: series name -> (unit, absolute tolerance, multiple of ``golden_tolerance`` allowed relative to the reference)
 SERIES: dict[str, tuple[str, float, float]] = {
@@ -57,12 +58,18 @@ SERIES: dict[str, tuple[str, float, float]] = {
 
 @dataclass
 class GoldenProfile:
+    """A job's compact features: per-step series, its log templates (:mod:`._patterns`) and its shape
+    (ranks, world size, nodes), never its lines. Version 1 files (series only) still load."""
+
     name: str
     job_id: str
     steps: list[int]
     series: dict[str, list[float | None]]
     created: float = field(default_factory=time.time)
-    version: int = 1
+    version: int = 2
+    patterns: dict[str, Any] | None = None
+    shape: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -72,7 +79,12 @@ class GoldenProfile:
         d = orjson.loads(data)
         return cls(name=d["name"], job_id=d["job_id"], steps=[int(s) for s in d["steps"]],
                    series={k: list(v) for k, v in d["series"].items()}, created=d.get("created", 0.0),
-                   version=d.get("version", 1))
+                   version=d.get("version", 1), patterns=d.get("patterns"), shape=dict(d.get("shape") or {}),
+                   tags=[str(t) for t in d.get("tags") or []])
+
+    def median(self, series: str) -> float | None:
+        values = [v for v in self.series.get(series, []) if v is not None]
+        return statistics.median(values) if values else None
 
 
 def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
@@ -96,7 +108,12 @@ def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
             v = r.get(k)
             series[k].append(None if v is None or (isinstance(v, float) and not math.isfinite(v)) else round(float(v), 6))
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
-    return GoldenProfile(name or job.job_id, job.job_id, [int(r["step"]) for r in out], series)
+    from ._patterns import log_patterns
+
+    shape = rows(con, "SELECT count(DISTINCT rank) AS ranks, max(world) AS world, count(DISTINCT node) AS nodes "
+                      "FROM events")[0]
+    return GoldenProfile(name or job.job_id, job.job_id, [int(r["step"]) for r in out], series,
+                         patterns=log_patterns(con), shape={k: int(v or 0) for k, v in shape.items()})
 
 
 def golden_dir(data_dir: str | os.PathLike[str]) -> Path:
@@ -135,6 +152,47 @@ def list_golden(directory: str | os.PathLike[str]) -> list[str]:
     return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
 
+def remove_golden(directory: str | os.PathLike[str], name: str) -> Path:
+    path = _path(directory, name)
+    if not path.is_file():
+        known = list_golden(directory)
+        raise QueryError(f"no golden run {name!r} in {directory}" + (f"; known: {', '.join(known)}" if known else ""))
+    path.unlink()
+    return path
+
+
+#: the series the distance between two runs looks at (their medians)
+DISTANCE_SERIES = ("step_ms", "forward_ms", "backward_ms", "optimizer_ms", "data_ms", "loss", "memory_mb")
+
+
+def profile_distance(a: GoldenProfile, b: GoldenProfile) -> float:
+    """How unlike two runs are: the mean, over :data:`DISTANCE_SERIES` both have, of ``|ln(median_a /
+    median_b)|`` (0: alike; 0.1: about 10 % apart). ``inf`` when they share no series."""
+    terms = []
+    for name in DISTANCE_SERIES:
+        x, y = a.median(name), b.median(name)
+        if x is not None and y is not None and x > 0 and y > 0:
+            terms.append(abs(math.log(x / y)))
+    return sum(terms) / len(terms) if terms else math.inf
+
+
+def choose_golden(new: GoldenProfile, entries: Sequence[GoldenProfile], k: int = 3
+                  ) -> tuple[list[GoldenProfile], str]:
+    """The up to ``k`` entries most like ``new``: those of its shape (world size and nodes) first, then the
+    nearest by :func:`profile_distance`; and why, in words."""
+    world, nodes = new.shape.get("world"), new.shape.get("nodes")
+    same = [e for e in entries if e.shape.get("world") == world and e.shape.get("nodes") == nodes]
+    pool = same or list(entries)
+    why = (f"same shape, {world} ranks on {nodes} node(s)" if same
+           else f"no entry of this job's shape ({world} ranks on {nodes} node(s)); the nearest of all")
+    scored = sorted(((profile_distance(new, e), e.name, e) for e in pool), key=lambda t: (t[0], t[1]))
+    chosen = [(d, e) for d, _, e in scored[:k] if d != math.inf]
+    if not chosen:
+        return [], why + "; none shares a series with this job"
+    return [e for _, e in chosen], why + "; nearest by median profile: " + ", ".join(
+        f"{e.name} ({d:.3f})" for d, e in chosen)
+
+
 def _smooth(values: list[float | None], width: int) -> list[float | None]:
     h = max(1, width) // 2
     out: list[float | None] = []
@@ -169,11 +227,37 @@ def _onset(raw: list[float | None], start: int, end: int, half: int) -> int:
 
 def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], cfg: AnalysisConfig,
                       profile: GoldenProfile | None = None) -> list[Finding]:
-    """Findings for every series of ``job`` that leaves the references' band, from the step it left."""
+    """Findings for every series of ``job`` that leaves the references' band, from the step it left, and for
+    every log template that departs from theirs (:func:`._patterns.compare_patterns`)."""
     refs = [refs] if isinstance(refs, GoldenProfile) else list(refs)
     if not refs:
         return []
     new = profile or profile_job(job)
+    from ._patterns import compare_patterns
+
+    with_patterns = [(r.name, r.patterns) for r in refs if r.patterns]
+    patterns = compare_patterns(new.patterns, with_patterns) if new.patterns and with_patterns else []
+    return _regression(new, refs, cfg) + _series_findings(job, new, refs, cfg) + patterns
+
+
+def _regression(new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConfig) -> list[Finding]:
+    pct = cfg.max_step_time_regression_pct
+    mine = new.median("step_ms")
+    theirs = [m for r in refs if (m := r.median("step_ms")) is not None]
+    if pct is None or mine is None or not theirs:
+        return []
+    ref = statistics.median(theirs)
+    change = (mine / ref - 1) * 100 if ref > 0 else 0.0
+    if change <= pct:
+        return []
+    return [Finding("step_time_regression", "error",
+                    f"median step {mine:.1f} ms is {change:.1f}% slower than the golden runs' {ref:.1f} ms "
+                    f"(allowed: {pct:g}%)", [], [], [], [],
+                    {"step_ms": round(mine, 3), "golden_step_ms": round(ref, 3), "regression_pct": round(change, 2),
+                     "allowed_pct": pct, "references": [r.name for r in refs]})]
+
+
+def _series_findings(job: Any, new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConfig) -> list[Finding]:
     k = cfg.golden_smooth_steps
     persist = cfg.golden_persist_steps
     first = min(new.steps, default=0) + cfg.warmup_steps

@@ -101,6 +101,9 @@ class AnalysisConfig:
     """Relative headroom above a golden run's (smoothed) series before a deviation counts."""
     golden_smooth_steps: int = 5
     golden_persist_steps: int = 3
+    max_step_time_regression_pct: float | None = None
+    """With golden runs: a median step time this many percent above theirs (the median of their medians) is a
+    ``step_time_regression`` error, so that a pipeline can gate on it (TraceML's ``--max-step-time-regression-pct``)."""
     max_findings_per_kind: int = 20
 
     def to_dict(self) -> dict[str, Any]:
@@ -270,6 +273,8 @@ class Report:
     """Collective matching: groups, instances, last arrivers, the wavefront when the job hangs."""
     golden: list[str] = field(default_factory=list)
     """Reference runs this job was compared with."""
+    golden_choice: str | None = None
+    """Why ``--golden`` chose the references it did (shape, distance), where it chose them."""
     clocks: dict[str, Any] = field(default_factory=dict)
     """Clock offsets between nodes (``reference``, ``offsets_ms`` per node, ``applied``), where estimated."""
     caveats: list[str] = field(default_factory=list)

@@ -57,7 +57,8 @@ def _summary(report: Report) -> Table:
         shifts = ", ".join(f"{n} {clocks['offsets_ms'][n]:+.1f} ms" for n in clocks["applied"])
         t.add_row("clocks", f"aligned to {clocks['reference']}'s: {shifts}")
     if report.golden:
-        t.add_row("compared with", ", ".join(report.golden))
+        t.add_row("compared with", ", ".join(report.golden) + (f" ({report.golden_choice})" if report.golden_choice
+                                                               else ""))
     if report.skipped:
         t.add_row("skipped", ", ".join(f"{n} {why}" for why, n in report.skipped.items()))
     for caveat in report.caveats:

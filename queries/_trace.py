@@ -11,12 +11,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from jobtrace.errors import JobNotFound, Refused
-from jobtrace.store import ingest_caveats
+from jobtrace.errors import JobNotFound, QueryError, Refused
+from jobtrace.store import build_tables, ingest_caveats
 
 from ._analysis import analyze
 from ._flight_recorder import add_flight_recorder, load_flight_recorder
-from ._golden import golden_dir, load_golden, profile_job, save_golden
+from ._golden import choose_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
 from ._links import LinkConfig
 from ._model import AnalysisConfig, Report
 from ._store import JobData, load_local
@@ -33,6 +33,8 @@ class TraceOptions:
     """Golden run names (or ``.json`` paths) to compare with."""
     golden_dir: str | None = None
     """Where golden runs live (default ``<data-dir>/.golden``)."""
+    golden: bool = False
+    """Choose the references from the library by itself (:func:`choose_golden`), besides ``compare_to``."""
     links: LinkConfig = field(default_factory=LinkConfig)
     timeline: str | None = None
     perfetto: str | None = None
@@ -55,7 +57,17 @@ def trace_job(job_id: str, data_dir: str | os.PathLike[str], cfg: AnalysisConfig
         add_flight_recorder(job, opts.flight_recorder)
     gdir = opts.golden_dir or golden_dir(data_dir)
     refs = [load_golden(gdir, name) for name in opts.compare_to]
-    report = analyze(job, cfg, golden=refs, links=opts.links if opts.links.enabled else None)
+    profile, why = None, None
+    if opts.golden:
+        entries = [load_golden(gdir, n) for n in list_golden(gdir) if n not in opts.compare_to]
+        if not entries and not refs:
+            raise QueryError(f"no golden runs in {gdir}: add known-good jobs with `jobtrace golden add JOB`")
+        build_tables(job.con, job.derive_from, job.rollups)  # the profile reads the step tables
+        profile = profile_job(job)
+        chosen, why = choose_golden(profile, [e for e in entries if e.job_id != job.job_id])
+        refs += chosen
+    report = analyze(job, cfg, golden=refs, links=opts.links if opts.links.enabled else None, profile=profile)
+    report.golden_choice = why
     report.caveats += ingest_caveats(data_dir, job_id, _source_kind(job.source))
     if opts.timeline:
         write_timeline_html(job, report, opts.timeline)
@@ -71,15 +83,20 @@ def _source_kind(source: str) -> str:
 
 def mark_golden(job_id: str, data_dir: str | os.PathLike[str], name: str | None = None,
                 directory: str | os.PathLike[str] | None = None, cfg: AnalysisConfig | None = None,
-                force: bool = False) -> tuple[str, Report]:
-    """Keep a finished job as a reference; refuses an unhealthy one unless ``force``. Returns the file path.
+                force: bool = False, tags: Sequence[str] = ()) -> tuple[str, Report]:
+    """Add a finished job to the golden library; refuses one whose report has error or warning findings
+    unless ``force``. Returns the entry's path and the job's report.
 
-    Raises :class:`~jobtrace.errors.Refused` for an unhealthy job (a finding, not a failure).
+    Raises :class:`~jobtrace.errors.Refused` for such a job (a finding, not a failure), naming the findings.
     """
     job = load_local(data_dir, job_id)
     report = analyze(job, cfg)
-    if not report.healthy and not force:
-        bad = ", ".join(sorted({f.kind for f in report.findings if f.severity in ("error", "warning")}))
-        raise Refused(f"job {job_id!r} is not healthy ({bad}); pass force to keep it as a reference anyway")
-    path = save_golden(profile_job(job, name or job_id), directory or golden_dir(data_dir))
+    bad = [f for f in report.findings if f.severity in ("error", "warning")]
+    if bad and not force:
+        kinds = ", ".join(sorted({f.kind for f in bad}))
+        raise Refused(f"job {job_id!r} is not known-good: its report has {len(bad)} error or warning finding(s) "
+                      f"({kinds}), the first: {bad[0].summary}; keep it anyway with --force (force=True)")
+    profile = profile_job(job, name or job_id)
+    profile.tags = sorted(set(tags))
+    path = save_golden(profile, directory or golden_dir(data_dir))
     return str(path), report

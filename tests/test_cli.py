@@ -115,7 +115,7 @@ class TestExitCodes:
 
     def test_a_refusal_exits_1_and_force_overrides_it(self, store):
         res = run(main, "golden", "slow", "--data-dir", store)
-        assert res.exit_code == 1 and "is not healthy" in res.stderr
+        assert res.exit_code == 1 and "is not known-good" in res.stderr and "slow_rank" in res.stderr
         assert run(main, "golden", "slow", "--data-dir", store, "--force").exit_code == 0
         assert run(main, "golden", "ok", "--data-dir", store).exit_code == 0
         assert run(main, "golden", "nope", "--data-dir", store).exit_code == 3

@@ -33,6 +33,11 @@ def _view_options(f: Any) -> Any:
         ("--flight-recorder", dict(multiple=True, type=click.Path(exists=True),
                                    help="PyTorch Flight Recorder dump file or folder (repeatable).")),
         ("--compare-to", dict(multiple=True, help="Compare with this golden run (repeatable; see `jobtrace golden`).")),
+        ("--golden", dict(is_flag=True, help="Compare with the library's entries most like this job (see "
+                                              "`jobtrace golden`), chosen by shape, then by profile.")),
+        ("--max-step-time-regression-pct", dict(type=click.FloatRange(0), default=None,
+                                                help="With golden runs: a median step this many percent slower than "
+                                                     "theirs is a problem (exit 1), as a pipeline gate.")),
         ("--golden-dir", dict(default=None, help="Where golden runs are kept (default <data-dir>/.golden).")),
         ("--timeline", dict(default=None, type=click.Path(dir_okay=False), help="Write an interactive HTML timeline.")),
         ("--perfetto", dict(default=None, type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace JSON.")),
@@ -54,7 +59,7 @@ def _trace_options(kw: dict[str, Any]) -> Any:
                            kibana_url=kw["kibana_url"], kibana_data_view=kw["kibana_data_view"])
     except ConfigError as exc:  # a base URL that is not http(s): the option's fault, a usage error
         raise click.BadParameter(str(exc), param_hint="'--grafana-url' / '--kibana-url'") from None
-    return TraceOptions(flight_recorder=kw["flight_recorder"], compare_to=kw["compare_to"],
+    return TraceOptions(flight_recorder=kw["flight_recorder"], compare_to=kw["compare_to"], golden=kw["golden"],
                         golden_dir=kw["golden_dir"], links=links, timeline=kw["timeline"], perfetto=kw["perfetto"])
 
 
@@ -113,7 +118,9 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
             click.echo(f"note: {exc}; reporting on the Flight Recorder dumps alone", err=True)
         job = load_flight_recorder(job_id, opts.flight_recorder)
         opts = replace(opts, flight_recorder=())
-    report, _ = run_trace(job_id, data_dir, AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor), opts, job=job)
+    cfg = AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor,
+                         max_step_time_regression_pct=views["max_step_time_regression_pct"])
+    report, _ = run_trace(job_id, data_dir, cfg, opts, job=job)
     report_and_exit(report, as_json)
 
 
