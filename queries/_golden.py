@@ -39,8 +39,8 @@ from jobtrace.errors import QueryError
 
 from ._model import AnalysisConfig, EventRef, Finding, rows
 
-__all__ = ["GoldenProfile", "choose_golden", "compare_to_golden", "golden_dir", "list_golden", "load_golden",
-           "profile_distance", "profile_job", "remove_golden", "save_golden"]
+__all__ = ["GoldenProfile", "choose_golden", "compare_to_golden", "deviation_score", "golden_dir", "leave_one_out",
+           "list_golden", "load_golden", "profile_distance", "profile_job", "remove_golden", "save_golden"]
 
 #: series name -> (unit, absolute tolerance, multiple of ``golden_tolerance`` allowed relative to the reference)
 SERIES: dict[str, tuple[str, float, float]] = {
@@ -176,7 +176,7 @@ def profile_distance(a: GoldenProfile, b: GoldenProfile) -> float:
     return sum(terms) / len(terms) if terms else math.inf
 
 
-def choose_golden(new: GoldenProfile, entries: Sequence[GoldenProfile], k: int = 3
+def choose_golden(new: GoldenProfile, entries: Sequence[GoldenProfile], k: int = 5
                   ) -> tuple[list[GoldenProfile], str]:
     """The up to ``k`` entries most like ``new``: those of its shape (world size and nodes) first, then the
     nearest by :func:`profile_distance`; and why, in words."""
@@ -237,7 +237,86 @@ def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], c
 
     with_patterns = [(r.name, r.patterns) for r in refs if r.patterns]
     patterns = compare_patterns(new.patterns, with_patterns) if new.patterns and with_patterns else []
-    return _regression(new, refs, cfg) + _series_findings(job, new, refs, cfg) + patterns
+    score = _score_finding(new, refs, patterns, cfg)
+    return _regression(new, refs, cfg) + _series_findings(job, new, refs, cfg) + patterns + score
+
+
+#: series the deviation score weighs: (relative floor of the spread, absolute floor)
+SCORE_SERIES: dict[str, tuple[float, float]] = {
+    "step_ms": (0.02, 0.05), "forward_ms": (0.02, 0.05), "backward_ms": (0.02, 0.05), "optimizer_ms": (0.02, 0.05),
+    "data_ms": (0.05, 0.05), "comm_share": (0.0, 0.01), "loss": (0.01, 0.005), "grad_norm": (0.05, 0.01),
+    "memory_mb": (0.01, 8.0),
+}
+#: points a log-template finding adds to the score
+PATTERN_POINTS: dict[str, float] = {"new_log_pattern": 3.0, "missing_log_pattern": 3.0, "log_pattern_rate": 2.0}
+
+
+def deviation_score(new: GoldenProfile, refs: Sequence[GoldenProfile],
+                    patterns: Sequence[Finding] = ()) -> tuple[float, list[dict[str, Any]]]:
+    """One number for how far ``new`` departs from ``refs``, and its contributions, largest first.
+
+    Per series of :data:`SCORE_SERIES`, the robust z of the run's median against the references' medians:
+    ``(mine - median) / spread``, the spread being 1.4826 x their median absolute deviation but at least
+    the series' relative floor of the median and its absolute floor (so three identical references do not
+    make noise infinite); only "worse" (positive) counts. Each log-template finding adds
+    :data:`PATTERN_POINTS`. The score is the sum: 0 for a run like its references, about 3 per clear departure.
+    """
+    parts: list[dict[str, Any]] = []
+    for name, (rel, floor) in SCORE_SERIES.items():
+        mine = new.median(name)
+        theirs = [m for r in refs if (m := r.median(name)) is not None]
+        if mine is None or not theirs:
+            continue
+        centre = statistics.median(theirs)
+        mad = statistics.median(abs(m - centre) for m in theirs)
+        spread = max(1.4826 * mad, rel * abs(centre), floor)
+        z = (mine - centre) / spread
+        if z > 0.5:
+            parts.append({"what": name, "points": round(z, 2),
+                          "detail": f"median {_plain_number(mine)} vs {_plain_number(centre)} (spread "
+                                    f"{_plain_number(spread)})"})
+    for f in patterns:
+        if f.kind in PATTERN_POINTS:
+            parts.append({"what": f.kind, "points": PATTERN_POINTS[f.kind],
+                          "detail": str(f.details.get("template", ""))[:200],
+                          **({"step": f.steps[0]} if f.steps else {})})
+    parts.sort(key=lambda p: -float(p["points"]))
+    return round(sum(float(p["points"]) for p in parts), 2), parts
+
+
+def leave_one_out(refs: Sequence[GoldenProfile], gate: float) -> dict[str, Any]:
+    """Each reference scored against the others: how often ``gate`` would fail a run known to be good."""
+    from ._patterns import compare_patterns
+
+    scores = []
+    for i, r in enumerate(refs):
+        others = [o for j, o in enumerate(refs) if j != i]
+        with_patterns = [(o.name, o.patterns) for o in others if o.patterns]
+        pats = compare_patterns(r.patterns, with_patterns) if r.patterns and with_patterns else []
+        scores.append(deviation_score(r, others, pats)[0])
+    above = sum(1 for x in scores if x > gate)
+    return {"runs": len(scores), "above_gate": above, "false_alarm_rate": round(above / len(scores), 3) if scores
+            else None, "scores": scores}
+
+
+def _score_finding(new: GoldenProfile, refs: list[GoldenProfile], patterns: list[Finding],
+                   cfg: AnalysisConfig) -> list[Finding]:
+    gate = cfg.golden_gate
+    if gate is None:
+        return []  # the score is asked for with a gate (--gate): the band and template findings say the rest
+    score, parts = deviation_score(new, refs, patterns)
+    top = "; ".join(f"{p['what']} +{p['points']:g} ({p['detail']})" for p in parts[:3]) or "nothing departs"
+    details: dict[str, Any] = {"score": score, "contributions": parts, "gate": gate,
+                               "references": [r.name for r in refs]}
+    over = score > gate
+    summary = f"deviation from the golden runs: score {score:g} (gate {gate:g})"
+    if len(refs) >= 2:
+        loo = leave_one_out(refs, gate)
+        details["leave_one_out"] = loo
+        summary += f"; leave-one-out, {loo['above_gate']} of {loo['runs']} golden runs score above it"
+    steps = sorted({p["step"] for p in parts if p.get("step") is not None})
+    return [Finding("golden_score", "error" if over else "info", f"{summary}: {top}", [], [], steps, [],
+                    details)]
 
 
 def _regression(new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConfig) -> list[Finding]:

@@ -101,6 +101,8 @@ class AnalysisConfig:
     """Relative headroom above a golden run's (smoothed) series before a deviation counts."""
     golden_smooth_steps: int = 5
     golden_persist_steps: int = 3
+    golden_gate: float | None = None
+    """With golden runs: a deviation score above this is a ``golden_deviation`` error (``--gate``)."""
     max_step_time_regression_pct: float | None = None
     """With golden runs: a median step time this many percent above theirs (the median of their medians) is a
     ``step_time_regression`` error, so that a pipeline can gate on it (TraceML's ``--max-step-time-regression-pct``)."""

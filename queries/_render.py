@@ -92,26 +92,54 @@ def _findings(report: Report, evidence_lines: int = 40) -> Any:
     return Group(*parts)
 
 
-def _ranks_table(report: Report, limit: int = 32) -> Table:
+#: the per-rank table's columns, most wanted first: a narrow terminal (or a pipe: 80 columns) drops from the end
+_RANK_COLUMNS: Final = ("rank", "status", "step ms", "compute ms", "collective ms", "node", "score", "last step",
+                        "data ms", "last arr.", "steps")
+_LEGEND: Final = {
+    "score": "score: the fastest rank's median step ÷ this rank's (1.00 fastest; flagged below 0.75)",
+    "last arr.": "last arr.: collectives this rank arrived at last (the others waited for it)",
+}
+
+
+def _rank_cells(r: Any) -> dict[str, Any]:
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    return {"rank": str(r.rank), "node": r.node, "steps": str(r.steps), "step ms": f(r.step_ms),
+            "compute ms": f(r.compute_ms), "collective ms": f(r.collective_ms), "data ms": f(r.data_ms),
+            "score": "-" if r.score is None else f"{r.score:.2f}", "last arr.": str(r.last_arrivals),
+            "last step": "-" if r.last_step is None else str(r.last_step),
+            "status": Text(r.status, style=_STATUS.get(r.status, ""))}
+
+
+def _ranks_table(report: Report, limit: int = 32, width: int = 120) -> tuple[Table, list[str]]:
+    """The per-rank table that fits ``width``: columns dropped by :data:`_RANK_COLUMNS`' priority, never a
+    header or a value cut; and the legend lines (what its terms mean, what was dropped)."""
     rows = report.per_rank
     if len(rows) > limit:
         flagged = [r for r in rows if r.status != "ok"]
         rows = flagged[:limit] + [r for r in rows if r.status == "ok"][: max(0, limit - len(flagged))]
         rows.sort(key=lambda r: r.rank)
+    cells = [_rank_cells(r) for r in rows]
+    need = {c: max([len(c)] + [len(str(row[c])) for row in cells]) for c in _RANK_COLUMNS}
+    kept: list[str] = []
+    used = 1  # the table's left border
+    for col in _RANK_COLUMNS:
+        if used + need[col] + 3 > width and len(kept) >= 2:  # padding on both sides and a border
+            break  # this one and every later (less wanted) one
+        kept.append(col)
+        used += need[col] + 3
     t = Table(title=f"per rank (median per step; {len(report.per_rank)} ranks)", show_lines=False)
-    for col in ("rank", "node", "steps", "step ms", "compute ms", "collective ms", "data ms", "score", "last arr.",
-                "last step", "status"):
-        t.add_column(col, justify="right" if col not in ("node", "status") else "left")
-
-    def f(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1f}"
-
-    for r in rows:
-        t.add_row(str(r.rank), r.node, str(r.steps), f(r.step_ms), f(r.compute_ms), f(r.collective_ms),
-                  f(r.data_ms), "-" if r.score is None else f"{r.score:.2f}", str(r.last_arrivals),
-                  "-" if r.last_step is None else str(r.last_step),
-                  Text(r.status, style=_STATUS.get(r.status, "")))
-    return t
+    for col in (c for c in _RANK_COLUMNS if c in kept):
+        t.add_column(col, justify="left" if col in ("node", "status") else "right", no_wrap=True,
+                     min_width=need[col])
+    for row in cells:
+        t.add_row(*(row[c] for c in _RANK_COLUMNS if c in kept))
+    legend = [text for col, text in _LEGEND.items() if col in kept]
+    dropped = [c for c in _RANK_COLUMNS if c not in kept]
+    if dropped:
+        legend.append(f"not shown at this width: {', '.join(dropped)} (a wider terminal, or --json, has them)")
+    return t, legend
 
 
 def _nodes_table(report: Report, limit: int = 16) -> Table | None:
@@ -159,7 +187,10 @@ def print_report(report: Report, console: Console) -> None:
     style = "green" if report.healthy else "red"
     console.print(Panel(_summary(report), title=f"trace-job {report.job_id}: {verdict}", border_style=style))
     console.print(Panel(_findings(report), title="findings", border_style=style))
-    console.print(_ranks_table(report))
+    table, legend = _ranks_table(report, width=console.width)
+    console.print(table)
+    for line in legend:
+        console.print(Text(line, style="dim"), soft_wrap=False)
     nodes = _nodes_table(report)
     if nodes is not None:
         console.print(nodes)

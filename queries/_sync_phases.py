@@ -9,7 +9,9 @@ slow rank arrives last). Such a phase is taken as the step's collective, grouped
 ``phase:<name>`` and numbered by step, so that late arrival, the communication share and the compute
 comparison work on it as on a recorded collective; the report says which phases it took.
 
-Only when the job has no collective records at all: recorded ones always win. The test is per step,
+Only when the job has no collective records at all (recorded ones always win), and only on measured
+times: phases that ``jobtrace ingest`` laid out from a log line's durations (their step span says
+``source: log``) have starts it computed, and the phase split of ``_straggler`` reads those instead. The test is per step,
 on the ranks' own clocks (offsets between nodes larger than the start spread hide it, and then
 nothing is inferred): in at least three steps the starts spread by more than 1 ms, and in 80 % of
 those the ends spread by less than a quarter of the starts.
@@ -35,6 +37,10 @@ ALIGNED: Final = 4  # ends spread at most a quarter of the starts
 def infer_sync_phases(con: DuckDBPyConnection) -> list[str]:
     """Phases taken as the steps' collectives (added to ``colls``, moved out of compute in ``steps``)."""
     if con.execute("SELECT count(*) FROM colls").fetchone()[0]:  # type: ignore[index]
+        return []
+    laid_out = con.execute("""SELECT count(*) FROM events WHERE kind = 'span' AND cat = 'step'
+                              AND json_extract_string(attrs, '$.source') = 'log'""").fetchone()[0]  # type: ignore[index]
+    if laid_out:  # phases from logged durations: their starts were laid out by ingest, not measured
         return []
     found = rows(
         con,

@@ -39,7 +39,7 @@ def golden() -> None:
       jobtrace golden add run-41 --tag llama-7b --tag nightly
       jobtrace golden list
       trace-job run-42 --golden          # the nearest entries, chosen by shape and profile
-      trace-job run-42 --golden --max-step-time-regression-pct 5
+      trace-job run-42 --golden --gate 6 --max-step-time-regression-pct 5
 
     Exit status: 0 done, 1 refused (add: the job's report has problems; --force keeps it), 2 usage
     error, 3 error (job or entry not found), 4 internal error (rerun with --debug).

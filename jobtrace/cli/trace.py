@@ -35,6 +35,9 @@ def _view_options(f: Any) -> Any:
         ("--compare-to", dict(multiple=True, help="Compare with this golden run (repeatable; see `jobtrace golden`).")),
         ("--golden", dict(is_flag=True, help="Compare with the library's entries most like this job (see "
                                               "`jobtrace golden`), chosen by shape, then by profile.")),
+        ("--gate", dict(type=click.FloatRange(0), default=None,
+                        help="With golden runs: a deviation score above this is a problem (exit 1); the report "
+                             "says how many golden runs would fail it themselves (leave-one-out).")),
         ("--max-step-time-regression-pct", dict(type=click.FloatRange(0), default=None,
                                                 help="With golden runs: a median step this many percent slower than "
                                                      "theirs is a problem (exit 1), as a pipeline gate.")),
@@ -119,7 +122,7 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
         job = load_flight_recorder(job_id, opts.flight_recorder)
         opts = replace(opts, flight_recorder=())
     cfg = AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor,
-                         max_step_time_regression_pct=views["max_step_time_regression_pct"])
+                         max_step_time_regression_pct=views["max_step_time_regression_pct"], golden_gate=views["gate"])
     report, _ = run_trace(job_id, data_dir, cfg, opts, job=job)
     report_and_exit(report, as_json)
 

@@ -93,6 +93,20 @@ def test_a_new_warning_is_named_with_its_step_and_line(store):
     assert new["details"]["template"].startswith("rank <NUM>: injected one-off stall of <NUM>s at step <NUM>")
 
 
+def test_the_deviation_score_names_its_contributions_and_the_gate_says_its_false_alarms(store):
+    code, report = trace(store, "stall", "--golden", "--gate", "2")
+    [dev] = [f for f in report["findings"] if f["kind"] == "golden_score"]
+    assert code == 1 and dev["severity"] == "error" and dev["details"]["score"] >= 3
+    top = dev["details"]["contributions"][0]
+    assert (top["what"], top["step"]) == ("new_log_pattern", 8)
+    loo = dev["details"]["leave_one_out"]
+    assert loo["runs"] == 3 and len(loo["scores"]) == 3 and "leave-one-out" in dev["summary"]
+    # The same run under a gate above its score: reported, not failed.
+    code, report = trace(store, "stall", "--golden", "--gate", str(dev["details"]["score"] + 1))
+    [dev] = [f for f in report["findings"] if f["kind"] == "golden_score"]
+    assert dev["severity"] == "info"
+
+
 def test_a_step_time_regression_fails_the_gate(store):
     code, report = trace(store, "slow", "--golden", "--max-step-time-regression-pct", "100")
     [reg] = [f for f in report["findings"] if f["kind"] == "step_time_regression"]
