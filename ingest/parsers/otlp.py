@@ -115,7 +115,7 @@ class OtlpSpanParser:
         # The line's own spans first, so that a parent in the same batch is known to its children.
         for span, _ in spans:
             attrs = span["attrs"] = attributes(span.get("attributes"))
-            step = _int(_first(attrs, _STEP_KEYS))
+            step = span["step"] = _int(_first(attrs, _STEP_KEYS))
             if isinstance(span.get("spanId"), str) and step is not None:
                 seen[span["spanId"]] = (step, True)
         events: list[PartialEvent] = []
@@ -147,7 +147,7 @@ class OtlpSpanParser:
             return None
         attrs: dict[str, Any] = span["attrs"]
         sid, parent = span.get("spanId"), span.get("parentSpanId") or None
-        step = _int(_first(attrs, _STEP_KEYS))
+        step: int | None = span["step"]  # read once, in the first pass
         up = seen.get(parent) if isinstance(parent, str) else None
         cat = attrs.get("jobtrace.category")
         if cat not in _CATEGORIES:
