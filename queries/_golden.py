@@ -1,23 +1,34 @@
-"""Golden runs: a healthy job kept as a reference, and where a new job leaves its band.
+"""Golden runs: healthy jobs kept as references, and where a new job leaves their band.
 
 A :class:`GoldenProfile` is a job reduced to per-step series (median over ranks): step
-time and each phase, collective share, loss, grad norm and peak memory. It is small (a
-few numbers per step), so it is stored as one JSON file and compared without the
-reference's events.
+time and each phase, collective share, loss, grad norm, peak memory and throughput; and per
+rank, the median and 90th percentile of each. It is small (a few numbers per step), so it
+is stored as one JSON file and compared without the reference's events.
 
-Comparison, per series: each reference is smoothed with a centred rolling median of
-``golden_smooth_steps`` steps; the band at a step runs up to the highest smoothed
-reference plus a tolerance, the larger of ``golden_tolerance`` × that value (a fifth of it
-for memory, twice it for grad norm), an absolute floor per series (1 ms, 0.02 of loss,
-32 MB, 0.1 of comm share) and three robust standard deviations of the step-to-step noise
-of the reference or of the new job, whichever is noisier. The new job is smoothed
-the same way; it **deviates** from the first step where it is above the band for at
-least ``golden_persist_steps`` steps in a row. Smoothing makes one long step invisible,
-but one noisy step next to a real change can pull the smoothed onset a step or two
-early, so the onset is then placed on the raw series: the step, within half a smoothing
-window of the smoothed onset, that best splits the raw values around it into a level
-before and a level after (least absolute deviation from each side's median). Only
-"worse" (higher) is reported: faster or lower-loss runs are not regressions.
+Comparison, per series, on the steps the job shares with its references: every series is
+smoothed with a centred rolling median of ``golden_smooth_steps`` steps. The band at a step
+runs up to the highest smoothed reference plus a headroom:
+
+* with three references or more, the headroom is **learned**: the larger of three times
+  the spread between the references (1.4826 x the median absolute deviation across runs at
+  each step, pooled over steps as its median), :data:`LEARNED_REL` of the value, an
+  absolute floor per series (1 ms, 0.02 of loss, 32 MB, 0.1 of comm share; for a phase, at
+  least :data:`PHASE_BAND_SHARE` of the step) and three robust standard deviations of the new
+  job's step-to-step noise;
+* with one or two, there is no spread to learn: the larger of ``golden_tolerance`` x the
+  value (a fifth of it for memory, twice it for grad norm), the same floor and three robust
+  standard deviations of the noisier of the reference and the new job.
+
+The new job **deviates** from the first step where it is above the band for at least
+``golden_persist_steps`` steps in a row. Smoothing makes one long step invisible, but one
+noisy step next to a real change can pull the smoothed onset a step or two early, so the
+onset is then placed on the raw series: the step, within half a smoothing window of the
+smoothed onset, that best splits the raw values around it into a level before and a level
+after (least absolute deviation from each side's median). Only "worse" is reported (higher,
+or lower for throughput): faster or lower-loss runs are not regressions.
+
+The deviation score (:func:`deviation_score`) reads the same aligned series as robust z
+scores, and each rank's quantiles against the references' same rank (:func:`rank_scores`).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import math
 import os
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,7 +52,8 @@ from jobtrace.errors import QueryError
 from ._model import AnalysisConfig, EventRef, Finding, rows
 
 __all__ = ["GoldenProfile", "choose_golden", "compare_to_golden", "deviation_score", "golden_dir", "leave_one_out",
-           "list_golden", "load_golden", "profile_distance", "profile_job", "remove_golden", "save_golden"]
+           "list_golden", "load_golden", "profile_distance", "profile_job", "rank_scores", "remove_golden",
+           "save_golden"]
 
 #: series name -> (unit, absolute tolerance, multiple of ``golden_tolerance`` allowed relative to the reference)
 SERIES: dict[str, tuple[str, float, float]] = {
@@ -53,7 +66,17 @@ SERIES: dict[str, tuple[str, float, float]] = {
     "loss": ("", 0.02, 1.0),
     "grad_norm": ("", 0.05, 2.0),
     "memory_mb": ("MB", 32.0, 0.2),  # memory is steady: 5% (by default) above the reference is already news
+    "throughput": ("/s", 0.0, 1.0),
 }
+LOWER_IS_WORSE = frozenset({"throughput"})
+"""Series where a drop is the regression (compared negated, reported as they are)."""
+LEARNED_REL = 0.03
+"""With three references or more, the least headroom above the highest of them, relative to the value (x the
+series' relative scale): the references' own spread decides beyond it."""
+LEARNED_MIN_REFS = 3
+PHASE_BAND_SHARE = 0.05
+"""A phase's band is at least this share of the references' median step above them: what a phase adds matters
+by what it costs the step (a 2 ms phase that waits on a busy peer doubles for a few steps and costs 4 %)."""
 
 
 @dataclass
@@ -70,6 +93,8 @@ class GoldenProfile:
     patterns: dict[str, Any] | None = None
     shape: dict[str, Any] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
+    ranks: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """rank -> series -> [median, 90th percentile] over its steps (entries made before it have none)."""
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -80,7 +105,9 @@ class GoldenProfile:
         return cls(name=d["name"], job_id=d["job_id"], steps=[int(s) for s in d["steps"]],
                    series={k: list(v) for k, v in d["series"].items()}, created=d.get("created", 0.0),
                    version=d.get("version", 1), patterns=d.get("patterns"), shape=dict(d.get("shape") or {}),
-                   tags=[str(t) for t in d.get("tags") or []])
+                   tags=[str(t) for t in d.get("tags") or []],
+                   ranks={str(r): {k: [float(x) for x in q] for k, q in per.items()}
+                          for r, per in (d.get("ranks") or {}).items()})
 
     def median(self, series: str) -> float | None:
         values = [v for v in self.series.get(series, []) if v is not None]
@@ -98,7 +125,8 @@ def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
                       FROM steps GROUP BY step),
                 m AS (SELECT step, avg(loss) FILTER (WHERE isfinite(loss)) AS loss,
                              median(grad_norm) FILTER (WHERE isfinite(grad_norm)) AS grad_norm,
-                             max(coalesce(cuda_allocated_bytes, rss_bytes)) / 1048576.0 AS memory_mb
+                             max(coalesce(cuda_allocated_bytes, rss_bytes)) / 1048576.0 AS memory_mb,
+                             median(coalesce(tokens_per_s, samples_per_s)) AS throughput
                       FROM mets GROUP BY step)
            SELECT * FROM s FULL JOIN m USING (step) ORDER BY step""",
     )
@@ -113,7 +141,34 @@ def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
     shape = rows(con, "SELECT count(DISTINCT rank) AS ranks, max(world) AS world, count(DISTINCT node) AS nodes "
                       "FROM events")[0]
     return GoldenProfile(name or job.job_id, job.job_id, [int(r["step"]) for r in out], series,
-                         patterns=log_patterns(con), shape={k: int(v or 0) for k, v in shape.items()})
+                         patterns=log_patterns(con), shape={k: int(v or 0) for k, v in shape.items()},
+                         ranks=_rank_quantiles(con))
+
+
+def _rank_quantiles(con: Any) -> dict[str, dict[str, list[float]]]:
+    """Per rank, each series' median and 90th percentile over the job's steps (a rank score's inputs)."""
+    out = rows(
+        con,
+        """WITH j AS (SELECT * FROM
+                        (SELECT rank, step, step_ns / 1e6 AS step_ms, fwd_ns / 1e6 AS forward_ms,
+                                bwd_ns / 1e6 AS backward_ms, opt_ns / 1e6 AS optimizer_ms, data_ns / 1e6 AS data_ms,
+                                coll_ns / nullif(step_ns, 0) AS comm_share FROM steps) s
+                      FULL JOIN
+                        (SELECT rank, step, CASE WHEN isfinite(loss) THEN loss END AS loss,
+                                CASE WHEN isfinite(grad_norm) THEN grad_norm END AS grad_norm,
+                                coalesce(cuda_allocated_bytes, rss_bytes) / 1048576.0 AS memory_mb,
+                                coalesce(tokens_per_s, samples_per_s) AS throughput FROM mets) m
+                      USING (rank, step))
+           SELECT rank, """ + ", ".join(f"quantile_cont({k}, [0.5, 0.9]) AS {k}" for k in SERIES)
+        + " FROM j WHERE rank IS NOT NULL GROUP BY rank ORDER BY rank",
+    )
+    ranks: dict[str, dict[str, list[float]]] = {}
+    for r in out:
+        per = {k: [round(float(x), 6) for x in q] for k in SERIES
+               if (q := r.get(k)) and all(x is not None and math.isfinite(x) for x in q)}
+        if per:
+            ranks[str(int(r["rank"]))] = per
+    return ranks
 
 
 def golden_dir(data_dir: str | os.PathLike[str]) -> Path:
@@ -197,8 +252,34 @@ def _smooth(values: list[float | None], width: int) -> list[float | None]:
     h = max(1, width) // 2
     out: list[float | None] = []
     for i in range(len(values)):
-        win = [v for v in values[max(0, i - h): i + h + 1] if v is not None]
-        out.append(statistics.median(win) if win else None)
+        win = sorted(v for v in values[max(0, i - h): i + h + 1] if v is not None)
+        n = len(win)
+        out.append(None if not n else win[n // 2] if n % 2 else (win[n // 2 - 1] + win[n // 2]) / 2)
+    return out
+
+
+_SMOOTHED: OrderedDict[tuple[int, str, int, int], tuple[GoldenProfile, list[float | None], list[float | None], float]] = (
+    OrderedDict())
+"""Recently smoothed series, by (profile, series, steps, width): leave-one-out smooths each entry's series against
+each subset of the others; the profile is held, so that its id cannot be reused while the entry lives."""
+
+
+def _smoothed(profile: GoldenProfile, name: str, steps: list[int], key: int, sign: float, width: int
+              ) -> tuple[list[float | None], list[float | None], float]:
+    """``profile``'s series ``name`` on ``steps`` (signed): raw, smoothed, and its noise."""
+    ck = (id(profile), name, key, width)
+    hit = _SMOOTHED.get(ck)
+    if hit is not None and hit[0] is profile:
+        _SMOOTHED.move_to_end(ck)
+        return hit[1], hit[2], hit[3]
+    at = {s: i for i, s in enumerate(profile.steps)}
+    values = profile.series[name]
+    raw = [None if (i := at.get(s)) is None or (v := values[i]) is None else sign * v for s in steps]
+    smooth = _smooth(raw, width)
+    out = (raw, smooth, _noise(raw, smooth))
+    _SMOOTHED[ck] = (profile, *out)
+    if len(_SMOOTHED) > 512:
+        _SMOOTHED.popitem(last=False)
     return out
 
 
@@ -241,40 +322,69 @@ def compare_to_golden(job: Any, refs: GoldenProfile | Sequence[GoldenProfile], c
     return _regression(new, refs, cfg) + _series_findings(job, new, refs, cfg) + patterns + score
 
 
-#: series the deviation score weighs: (relative floor of the spread, absolute floor)
+#: series the deviation score weighs: (relative floor of the spread, absolute floor). The absolute floors are a
+#: third of the band's (:data:`SERIES`): a departure the size of the band's least headroom scores about 3.
 SCORE_SERIES: dict[str, tuple[float, float]] = {
-    "step_ms": (0.02, 0.05), "forward_ms": (0.02, 0.05), "backward_ms": (0.02, 0.05), "optimizer_ms": (0.02, 0.05),
-    "data_ms": (0.05, 0.05), "comm_share": (0.0, 0.01), "loss": (0.01, 0.005), "grad_norm": (0.05, 0.01),
-    "memory_mb": (0.01, 8.0),
+    "step_ms": (0.02, 0.33), "forward_ms": (0.02, 0.33), "backward_ms": (0.02, 0.33), "optimizer_ms": (0.02, 0.33),
+    "data_ms": (0.05, 0.33), "comm_share": (0.0, 0.033), "loss": (0.01, 0.0067), "grad_norm": (0.05, 0.017),
+    "memory_mb": (0.01, 10.7),
 }
+"""Throughput is not scored: it is the step time seen from the other side, and would count the same departure twice."""
+PHASE_STEP_SHARE = 0.02
+"""A phase's spread is at least this share of the references' median step: a millisecond that a 2 ms phase
+gains in a 45 ms step costs the job 2 %, not the 50 % it is of the phase."""
 #: points a log-template finding adds to the score
 PATTERN_POINTS: dict[str, float] = {"new_log_pattern": 3.0, "missing_log_pattern": 3.0, "log_pattern_rate": 2.0}
+#: z scores below this are noise, not a contribution
+MIN_POINTS = 1.0
+#: a rank's series counts from this z: one rank's quantile across a few runs is noisier than the run's series
+RANK_MIN_POINTS = 3.0
 
 
-def deviation_score(new: GoldenProfile, refs: Sequence[GoldenProfile],
-                    patterns: Sequence[Finding] = ()) -> tuple[float, list[dict[str, Any]]]:
+def deviation_score(new: GoldenProfile, refs: Sequence[GoldenProfile], patterns: Sequence[Finding] = (),
+                    cfg: AnalysisConfig | None = None) -> tuple[float, list[dict[str, Any]]]:
     """One number for how far ``new`` departs from ``refs``, and its contributions, largest first.
 
-    Per series of :data:`SCORE_SERIES`, the robust z of the run's median against the references' medians:
-    ``(mine - median) / spread``, the spread being 1.4826 x their median absolute deviation but at least
-    the series' relative floor of the median and its absolute floor (so three identical references do not
-    make noise infinite); only "worse" (positive) counts. Each log-template finding adds
-    :data:`PATTERN_POINTS`. The score is the sum: 0 for a run like its references, about 3 per clear departure.
+    Per series of :data:`SCORE_SERIES`, on the steps both have (aligned and smoothed as the band is): at each
+    step the robust z of the run against the references, ``(mine - their median) / spread``, the spread being
+    the references' pooled spread across runs but at least the series' relative floor of their median, its
+    absolute floor (for a phase, also :data:`PHASE_STEP_SHARE` of the step) and the run's own step-to-step noise (with fewer than three references, also a third of
+    the ``golden_tolerance`` headroom). The series scores the highest z the run holds for
+    ``golden_persist_steps`` steps in a row, with the step range where it holds above half that. Each
+    log-template finding adds :data:`PATTERN_POINTS`. The score is the sum: 0 for a run like its references,
+    about 3 per clear departure. Only "worse" counts.
     """
+    cfg = cfg or AnalysisConfig()
     parts: list[dict[str, Any]] = []
+    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
+    phase_floor = PHASE_STEP_SHARE * statistics.median(step_ms) if step_ms else 0.0
     for name, (rel, floor) in SCORE_SERIES.items():
-        mine = new.median(name)
-        theirs = [m for r in refs if (m := r.median(name)) is not None]
-        if mine is None or not theirs:
+        if name.endswith("_ms") and name != "step_ms":
+            floor = max(floor, phase_floor)
+        al = _align(new, refs, name, cfg)
+        if al is None or not al.refs:
             continue
-        centre = statistics.median(theirs)
-        mad = statistics.median(abs(m - centre) for m in theirs)
-        spread = max(1.4826 * mad, rel * abs(centre), floor)
-        z = (mine - centre) / spread
-        if z > 0.5:
-            parts.append({"what": name, "points": round(z, 2),
-                          "detail": f"median {_plain_number(mine)} vs {_plain_number(centre)} (spread "
-                                    f"{_plain_number(spread)})"})
+        z: list[float | None] = []
+        for mine, vals in zip(al.new, zip(*al.refs)):
+            theirs = sorted(v for v in vals if v is not None)
+            if mine is None or not theirs:
+                z.append(None)
+                continue
+            centre = _median_sorted(theirs)
+            spread = max(al.spread, rel * abs(centre), floor, al.noise, 1e-12)
+            if len(al.refs) < LEARNED_MIN_REFS:
+                spread = max(spread, cfg.golden_tolerance * SERIES[name][2] * abs(centre) / 3)
+            z.append((mine - centre) / spread)
+        held = _held(z, max(1, cfg.golden_persist_steps))
+        if held is None or held[0] < MIN_POINTS:
+            continue
+        points, lo, hi = held
+        s0, s1 = al.steps[lo], al.steps[hi]
+        mine_med = statistics.median(v for v in al.new[lo:hi + 1] if v is not None)
+        theirs_med = statistics.median(v for r in al.refs for v in r[lo:hi + 1] if v is not None)
+        parts.append({"what": name, "points": round(points, 2), "step": s0, "steps": [s0, s1],
+                      "detail": f"steps {s0}-{s1}: {_plain_number(al.sign * mine_med)} vs "
+                                f"{_plain_number(al.sign * theirs_med)}"})
     for f in patterns:
         if f.kind in PATTERN_POINTS:
             parts.append({"what": f.kind, "points": PATTERN_POINTS[f.kind],
@@ -284,7 +394,70 @@ def deviation_score(new: GoldenProfile, refs: Sequence[GoldenProfile],
     return round(sum(float(p["points"]) for p in parts), 2), parts
 
 
-def leave_one_out(refs: Sequence[GoldenProfile], gate: float) -> dict[str, Any]:
+def _held(z: list[float | None], persist: int) -> tuple[float, int, int] | None:
+    """The highest z held ``persist`` steps in a row (the least of the best window), and the stretch of steps
+    around that window where z stays above half of it."""
+    best: tuple[float, int] | None = None
+    for i in range(len(z) - persist + 1):
+        win = z[i:i + persist]
+        if any(v is None for v in win):
+            continue
+        low = min(v for v in win if v is not None)
+        if best is None or low > best[0]:
+            best = (low, i)
+    if best is None:
+        return None
+    points, lo = best
+    hi = lo + persist - 1
+    half = points / 2
+    while lo > 0 and (v := z[lo - 1]) is not None and v > half:
+        lo -= 1
+    while hi + 1 < len(z) and (v := z[hi + 1]) is not None and v > half:
+        hi += 1
+    return points, lo, hi
+
+
+def rank_scores(new: GoldenProfile, refs: Sequence[GoldenProfile]) -> list[dict[str, Any]]:
+    """Per rank of ``new``, how far its quantiles (:attr:`GoldenProfile.ranks`) depart from the references':
+    the same rank's where a reference has the same world size, else every rank of it. Per series, the larger
+    robust z of its median and 90th percentile (spread floored as :func:`deviation_score`'s); a rank's score
+    is the sum over series of those at :data:`RANK_MIN_POINTS` or more. Ranks with a score, highest first."""
+    out: list[dict[str, Any]] = []
+    world = new.shape.get("world")
+    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
+    phase_floor = PHASE_STEP_SHARE * statistics.median(step_ms) if step_ms else 0.0
+    for rank, mine in new.ranks.items():
+        parts: list[dict[str, Any]] = []
+        for name, (rel, floor) in SCORE_SERIES.items():
+            if name not in mine:
+                continue
+            if name.endswith("_ms") and name != "step_ms":
+                floor = max(floor, phase_floor)
+            sign = -1.0 if name in LOWER_IS_WORSE else 1.0
+            best: tuple[float, str] | None = None
+            for qi, qname in enumerate(("p50", "p90")):
+                theirs = []
+                for r in refs:
+                    pool = [r.ranks[rank]] if r.shape.get("world") == world and rank in r.ranks else list(r.ranks.values())
+                    theirs += [sign * q[name][qi] for q in pool if name in q]
+                if not theirs:
+                    continue
+                centre = statistics.median(theirs)
+                spread = max(1.4826 * statistics.median(abs(t - centre) for t in theirs), rel * abs(centre), floor,
+                             1e-12)
+                z = (sign * mine[name][qi] - centre) / spread
+                if best is None or z > best[0]:
+                    best = (z, f"{qname} {_plain_number(mine[name][qi])} vs {_plain_number(sign * centre)}")
+            if best is not None and best[0] >= RANK_MIN_POINTS:
+                parts.append({"what": name, "points": round(best[0], 2), "detail": best[1]})
+        if parts:
+            parts.sort(key=lambda p: -p["points"])
+            out.append({"rank": int(rank), "score": round(sum(p["points"] for p in parts), 2), "contributions": parts})
+    out.sort(key=lambda r: (-r["score"], r["rank"]))
+    return out
+
+
+def leave_one_out(refs: Sequence[GoldenProfile], gate: float, cfg: AnalysisConfig | None = None) -> dict[str, Any]:
     """Each reference scored against the others: how often ``gate`` would fail a run known to be good."""
     from ._patterns import compare_patterns
 
@@ -293,10 +466,68 @@ def leave_one_out(refs: Sequence[GoldenProfile], gate: float) -> dict[str, Any]:
         others = [o for j, o in enumerate(refs) if j != i]
         with_patterns = [(o.name, o.patterns) for o in others if o.patterns]
         pats = compare_patterns(r.patterns, with_patterns) if r.patterns and with_patterns else []
-        scores.append(deviation_score(r, others, pats)[0])
+        scores.append(deviation_score(r, others, pats, cfg)[0])
     above = sum(1 for x in scores if x > gate)
     return {"runs": len(scores), "above_gate": above, "false_alarm_rate": round(above / len(scores), 3) if scores
             else None, "scores": scores}
+
+
+@dataclass
+class _Aligned:
+    """One series of a run and its references on their shared steps (after warm-up), smoothed; negated where
+    lower is worse, so that "above" always means "worse"."""
+
+    steps: list[int]
+    raw: list[float | None]
+    new: list[float | None]
+    refs: list[list[float | None]]
+    ref_noise: list[float]
+    noise: float
+    spread: float
+    sign: float
+
+
+def _align(new: GoldenProfile, refs: Sequence[GoldenProfile], name: str, cfg: AnalysisConfig) -> _Aligned | None:
+    if name not in new.series:
+        return None
+    first = min(new.steps, default=0) + cfg.warmup_steps
+    ref_steps = set().union(*(set(r.steps) for r in refs)) if refs else set()
+    common = [s for s in new.steps if s in ref_steps and s >= first]
+    if len(common) < max(3, cfg.golden_persist_steps):
+        return None
+    k = cfg.golden_smooth_steps
+    key = hash(tuple(common))
+    sign = -1.0 if name in LOWER_IS_WORSE else 1.0
+    raw, smooth, noise = _smoothed(new, name, common, key, sign, k)
+    ref_series: list[list[float | None]] = []
+    ref_noise: list[float] = []
+    for ref in refs:
+        if name not in ref.series:
+            continue
+        r_raw, r_smooth, r_noise = _smoothed(ref, name, common, key, sign, k)
+        if sum(v is not None for v in r_raw) < 3:
+            continue
+        ref_series.append(r_smooth)
+        ref_noise.append(r_noise)
+    spread = 0.0
+    if len(ref_series) >= 2:
+        per_step = []
+        for vals in zip(*ref_series):
+            got = sorted(v for v in vals if v is not None)
+            if len(got) >= 2:
+                c = _median_sorted(got)
+                per_step.append(1.4826 * _median_sorted(sorted(abs(v - c) for v in got)))
+        spread = statistics.median(per_step) if per_step else 0.0
+    return _Aligned(common, raw, smooth, ref_series, ref_noise, noise, spread, sign)
+
+
+def _median_sorted(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _signed(v: float | None, sign: float) -> float | None:
+    return None if v is None else sign * v
 
 
 def _score_finding(new: GoldenProfile, refs: list[GoldenProfile], patterns: list[Finding],
@@ -304,18 +535,24 @@ def _score_finding(new: GoldenProfile, refs: list[GoldenProfile], patterns: list
     gate = cfg.golden_gate
     if gate is None:
         return []  # the score is asked for with a gate (--gate): the band and template findings say the rest
-    score, parts = deviation_score(new, refs, patterns)
+    score, parts = deviation_score(new, refs, patterns, cfg)
     top = "; ".join(f"{p['what']} +{p['points']:g} ({p['detail']})" for p in parts[:3]) or "nothing departs"
+    by_rank = rank_scores(new, refs)
     details: dict[str, Any] = {"score": score, "contributions": parts, "gate": gate,
-                               "references": [r.name for r in refs]}
+                               "references": [r.name for r in refs], "ranks": by_rank[:16]}
     over = score > gate
     summary = f"deviation from the golden runs: score {score:g} (gate {gate:g})"
+    if by_rank and over:
+        r0 = by_rank[0]
+        summary += (f"; most departing rank {r0['rank']} ({r0['score']:g}: {r0['contributions'][0]['what']} "
+                    f"{r0['contributions'][0]['detail']})")
     if len(refs) >= 2:
-        loo = leave_one_out(refs, gate)
+        loo = leave_one_out(refs, gate, cfg)
         details["leave_one_out"] = loo
         summary += f"; leave-one-out, {loo['above_gate']} of {loo['runs']} golden runs score above it"
     steps = sorted({p["step"] for p in parts if p.get("step") is not None})
-    return [Finding("golden_score", "error" if over else "info", f"{summary}: {top}", [], [], steps, [],
+    ranks = [r["rank"] for r in by_rank[:3]] if over else []
+    return [Finding("golden_score", "error" if over else "info", f"{summary}: {top}", ranks, [], steps, [],
                     details)]
 
 
@@ -337,62 +574,60 @@ def _regression(new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConf
 
 
 def _series_findings(job: Any, new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConfig) -> list[Finding]:
-    k = cfg.golden_smooth_steps
     persist = cfg.golden_persist_steps
-    first = min(new.steps, default=0) + cfg.warmup_steps
-    ref_steps = set().union(*(set(r.steps) for r in refs))
-    common = [s for s in new.steps if s in ref_steps and s >= first]
-    if len(common) < max(3, persist):
-        return []
-    new_at = {s: i for i, s in enumerate(new.steps)}
     names = ", ".join(f"'{r.name}'" for r in refs)
     out = []
+    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
+    phase_floor = PHASE_BAND_SHARE * statistics.median(step_ms) if step_ms else 0.0
     for name, (unit, abs_tol, rel_scale) in SERIES.items():
-        if name not in new.series:
+        if name.endswith("_ms") and name != "step_ms":
+            abs_tol = max(abs_tol, phase_floor)
+        al = _align(new, refs, name, cfg)
+        if al is None or not al.refs:
             continue
-        new_raw = [new.series[name][new_at[s]] for s in common]
-        new_s = _smooth(new_raw, k)
-        new_noise = _noise(new_raw, new_s)
-        upper: list[float | None] = [None] * len(common)
-        centre: list[float | None] = [None] * len(common)
-        for ref in refs:
-            if name not in ref.series:
-                continue
-            at = {s: i for i, s in enumerate(ref.steps)}
-            raw = [ref.series[name][at[s]] if s in at else None for s in common]
-            if sum(v is not None for v in raw) < 3:
-                continue
-            smooth = _smooth(raw, k)
-            noise = max(_noise(raw, smooth), new_noise)
-            for i, v in enumerate(smooth):
+        learned = len(al.refs) >= LEARNED_MIN_REFS
+        n = len(al.steps)
+        upper: list[float | None] = [None] * n
+        at_step: list[list[float]] = [[] for _ in range(n)]
+        for r_smooth, r_noise in zip(al.refs, al.ref_noise):
+            for i, v in enumerate(r_smooth):
                 if v is None:
                     continue
-                u = v + max(cfg.golden_tolerance * rel_scale * abs(v), abs_tol, 3 * noise)
+                if learned:
+                    room = max(3 * al.spread, LEARNED_REL * rel_scale * abs(v), abs_tol, 3 * al.noise)
+                else:
+                    room = max(cfg.golden_tolerance * rel_scale * abs(v), abs_tol, 3 * max(r_noise, al.noise))
+                u = v + room
                 upper[i] = u if upper[i] is None else max(upper[i], u)  # type: ignore[type-var]
-                centre[i] = v if centre[i] is None else max(centre[i], v)  # type: ignore[type-var]
-        above = [u is not None and v is not None and v > u for v, u in zip(new_s, upper)]
+                at_step[i].append(v)
+        centre = [statistics.median(vs) if vs else None for vs in at_step]
+        above = [u is not None and v is not None and v > u for v, u in zip(al.new, upper)]
         start = next((i for i in range(len(above) - persist + 1) if all(above[i:i + persist])), None)
         if start is None:
             continue
         end = start
         while end + 1 < len(above) and above[end + 1]:
             end += 1
-        start = _onset(new_raw, start, end, max(1, k) // 2)
-        s0, s1 = common[start], common[end]
-        got = statistics.median(v for v in new_s[start:end + 1] if v is not None)
-        want = statistics.median(v for v in centre[start:end + 1] if v is not None)
-        band = statistics.median(u for u in upper[start:end + 1] if u is not None)
+        start = _onset(al.raw, start, end, max(1, cfg.golden_smooth_steps) // 2)
+        s0, s1 = al.steps[start], al.steps[end]
+        sign = al.sign
+        got = sign * statistics.median(v for v in al.new[start:end + 1] if v is not None)
+        want = sign * statistics.median(v for v in centre[start:end + 1] if v is not None)
+        band = sign * statistics.median(u for u in upper[start:end + 1] if u is not None)
         ratio = got / want if want else float("inf")
         fmt: Callable[[float], str] = functools.partial(_with_unit, unit=unit) if unit else _plain_number
+        limit = "band down to" if sign < 0 else "band up to"
         f = Finding(
             "golden_deviation", "warning",
             f"{name} deviates from golden run{'s' if len(refs) > 1 else ''} {names} from step {s0}: {fmt(got)} vs "
-            f"{fmt(want)} in the reference ({ratio:.1f}x; band up to {fmt(band)})"
+            f"{fmt(want)} in the reference{'s' if len(refs) > 1 else ''} ({ratio:.2f}x; {limit} {fmt(band)}"
+            + (", learned from their spread" if learned else "") + ")"
             + (f", through step {s1}" if s1 != s0 else ""),
             [], [], [s0, s1], [],
             {"metric": name, "golden": [r.name for r in refs], "golden_jobs": [r.job_id for r in refs],
              "start_step": s0, "end_step": s1, "value": round(got, 6), "reference": round(want, 6),
-             "band_upper": round(band, 6), "ratio": round(ratio, 3)},
+             "band_upper" if sign > 0 else "band_lower": round(band, 6), "ratio": round(ratio, 3),
+             "band": "learned" if learned else "tolerance"},
         )
         out.append(f.cite(_refs(job, name, s0)))
     out.sort(key=lambda f: f.details["start_step"])

@@ -100,7 +100,9 @@ class AnalysisConfig:
     golden_tolerance: float = 0.25
     """Relative headroom above a golden run's (smoothed) series before a deviation counts."""
     golden_smooth_steps: int = 5
-    golden_persist_steps: int = 3
+    golden_persist_steps: int = 5
+    """A departure counts once held this many steps in a row: a busy spell of the machine (or of one rank's
+    peer, which a phase that waits on a collective absorbs) lasts a step or three; a regression stays."""
     golden_gate: float | None = None
     """With golden runs: a deviation score above this is a ``golden_deviation`` error (``--gate``)."""
     max_step_time_regression_pct: float | None = None

@@ -50,6 +50,12 @@ class DemoConfig:
     leak_mb: float = 16.0
     regress_step: int | None = None
     regress_ms: float = 25.0
+    regress_phase: str = "backward"
+    device_ms: float = 0.0
+    """Every rank's forward pass waits this long each step (a host waiting on its GPU): a steady phase."""
+    noise_step: int | None = None
+    """From this step the targets carry ``label_noise`` more noise (a corrupted shard): the loss departs."""
+    label_noise: float = 0.5
     marks: bool = True
     """``oi.step``/``oi.phase`` in the script; False: steps and phases from the optimizer, module and backward hooks."""
     wrap: str = "none"
@@ -111,7 +117,12 @@ def run_job(cfg: DemoConfig) -> int:
         args += [f"--mismatch-rank={cfg.mismatch_rank}", f"--mismatch-step={cfg.mismatch_step}"]
     args += [f"--leak-rank={r}" for r in cfg.leak_ranks] + [f"--leak-step={cfg.leak_step}", f"--leak-mb={cfg.leak_mb}"]
     if cfg.regress_step is not None:
-        args += [f"--regress-step={cfg.regress_step}", f"--regress-ms={cfg.regress_ms}"]
+        args += [f"--regress-step={cfg.regress_step}", f"--regress-ms={cfg.regress_ms}",
+                 f"--regress-phase={cfg.regress_phase}"]
+    if cfg.device_ms:
+        args.append(f"--device-ms={cfg.device_ms}")
+    if cfg.noise_step is not None:
+        args += [f"--noise-step={cfg.noise_step}", f"--label-noise={cfg.label_noise}"]
     if cfg.fr_dump_dir:
         args.append(f"--fr-dump-dir={Path(cfg.fr_dump_dir).resolve()}")
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")

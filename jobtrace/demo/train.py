@@ -14,8 +14,12 @@ Run by ``jobtrace demo`` under torchrun (gloo, CPU). Faults are injected on purp
   ``--mismatch-step`` (the job hangs in mismatched collectives);
 * ``--nan-step`` makes ``--nan-rank``'s loss NaN from that step;
 * ``--leak-rank`` keeps ``--leak-mb`` of new memory every step from ``--leak-step``;
-* ``--regress-step`` makes every rank's backward pass ``--regress-ms`` slower from that
-  step (a regression for golden-run comparison).
+* ``--regress-step`` makes every rank's ``--regress-phase`` (backward by default) ``--regress-ms``
+  slower from that step (a regression for golden-run comparison);
+* ``--device-ms`` makes every rank's forward pass wait that long each step, as a host waits on its
+  GPU's kernels: a steady phase, against which a small regression is measurable;
+* ``--noise-step`` adds ``--label-noise`` (standard deviations) of noise to the targets from that
+  step, as a corrupted data shard does: the loss curve departs and stays up.
 
 ``--fr-dump-dir`` writes this rank's PyTorch Flight Recorder buffer there every second
 (``fr_trace_rank_<rank>``), the way a dump-on-timeout would leave it.
@@ -72,6 +76,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--leak-mb", type=float, default=16.0)
     p.add_argument("--regress-step", type=int, default=None)
     p.add_argument("--regress-ms", type=float, default=25.0)
+    p.add_argument("--regress-phase", choices=("data", "forward", "backward"), default="backward")
+    p.add_argument("--device-ms", type=float, default=0.0)
+    p.add_argument("--noise-step", type=int, default=None)
+    p.add_argument("--label-noise", type=float, default=0.5)
     p.add_argument("--fr-dump-dir", default=None)
     p.add_argument("--ranks-per-node", type=int, default=0, help="simulate nodes: node = rank // N")
     p.add_argument("--hidden", type=int, default=256)
@@ -220,15 +228,21 @@ def main(argv: list[str] | None = None) -> None:
     leaked: list[torch.Tensor] = []
     step, phase = (_unmarked, _unmarked) if args.no_marks else (oi.step, oi.phase)
 
+    regressed = _regression(args)
     for i in range(args.steps):
         t0 = time.perf_counter()
         with step(i):
             with phase("data"):
                 if rank in args.data_rank:
                     time.sleep(args.data_ms / 1000)
+                regressed("data", i)
                 x = torch.randn(args.batch, 64)
                 y = x[:, :1] * 0.5 + 0.1 * torch.randn(args.batch, 1)
+                if args.noise_step is not None and i >= args.noise_step:
+                    y = y + args.label_noise * torch.randn(args.batch, 1)
             with phase("forward"):
+                if args.device_ms:
+                    time.sleep(args.device_ms / 1000)
                 if i == args.hang_step and rank in (args.hang_rank, args.freeze_rank, args.kill_rank, args.oom_rank):
                     _inject(args, rank, i)
                 if rank in args.slow_rank:
@@ -239,13 +253,13 @@ def main(argv: list[str] | None = None) -> None:
                 if rank in args.leak_rank and i >= args.leak_step:
                     leaked.append(torch.ones(int(args.leak_mb * 2**20) // 4))
                 loss = torch.nn.functional.mse_loss(model(x), y)
+                regressed("forward", i)
                 if args.nan_step is not None and rank == args.nan_rank and i >= args.nan_step:
                     loss = loss * math.nan
             with phase("backward"):
                 opt.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]
-                if args.regress_step is not None and i >= args.regress_step:
-                    time.sleep(args.regress_ms / 1000)
+                regressed("backward", i)
             with phase("optimizer"):
                 if args.wrap == "none":
                     reduce: Callable[[torch.Tensor], object] = dist.all_reduce
@@ -264,6 +278,16 @@ def main(argv: list[str] | None = None) -> None:
     dist.barrier()
     dist.destroy_process_group()
     log.info("rank %d done", rank)
+
+
+def _regression(args: argparse.Namespace) -> Callable[[str, int], None]:
+    """``regressed(phase, step)``: sleeps ``--regress-ms`` where ``--regress-phase`` is ``phase`` from ``--regress-step``."""
+
+    def regressed(phase: str, i: int) -> None:
+        if args.regress_step is not None and i >= args.regress_step and phase == args.regress_phase:
+            time.sleep(args.regress_ms / 1000)
+
+    return regressed
 
 
 if __name__ == "__main__":

