@@ -249,6 +249,9 @@ ES_SETUP: Final = _var("JOBTRACE_ES_SETUP", "choice", "auto",
                        "`auto`: the shipper installs missing templates on first use; `off`: never.", _G)
 ES_FLAVOR: Final = _var("JOBTRACE_ES_FLAVOR", "choice", None,
                         "`elasticsearch`, `opensearch` or `victorialogs` (default: detected from `GET /`).", _G)
+GOLDEN_INDEX: Final = _var("JOBTRACE_GOLDEN_INDEX", "text", "jobtrace-golden",
+                           "The index that keeps the golden library on the cluster (`jobtrace golden --backend "
+                           "elasticsearch`, `trace-job --backend elasticsearch --golden`).", _G)
 ES_BATCH_LINES: Final = _var("JOBTRACE_ES_BATCH_LINES", "int", "2000", "Most documents in one `_bulk` request.", _G)
 ES_BATCH_BYTES: Final = _var("JOBTRACE_ES_BATCH_BYTES", "int", "4194304", "Most bytes in one `_bulk` request.", _G)
 ES_COMPRESS: Final = _var("JOBTRACE_ES_COMPRESS", "bool", "0", "Gzip `_bulk` requests.", _G)

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from time import time_ns
@@ -105,8 +105,10 @@ class Tracing:
         auto_steps: bool = True,
         integrations: bool = True,
         data_dir: str | None = None,
+        run_info: dict[str, Any] | None = None,
     ) -> None:
         self.identity = identity
+        self._run_info = dict(run_info or {})
         self.recorder = make_recorder(identity, native)
         self.new_span = self.recorder.new_span  # what the module's step()/phase()/span() call
         self._sink_factory = sink_factory
@@ -325,6 +327,7 @@ class Tracing:
         rec = self.recorder
         main_ident = threading.main_thread().ident
         dumped_for: int | None = None
+        modules, last_env = -1, None
         first = True  # the first beat comes at once: a rank that dies in its first seconds has said who it is
         while first or not self._stop_beat.wait(self.heartbeat_s):
             first = False
@@ -333,6 +336,11 @@ class Tracing:
                 attrs: dict[str, Any] = {"progress_age_ms": (now - rec.last_progress_ns) // 1_000_000}
                 if self.identity.slurm_step:
                     attrs["slurm_step"] = self.identity.slurm_step
+                if len(sys.modules) != modules:  # a framework imported since: say its version (once, on change)
+                    modules = len(sys.modules)
+                    env = {**self._run_info, "versions": framework_versions()}
+                    if env != last_env:
+                        attrs["env"] = last_env = env
                 top = rec.top()
                 if top is None and self.auto_steps is not None:
                     top = self.auto_steps.top()
@@ -477,6 +485,8 @@ def init_tracing(
     flush_interval_s: float | None = None,
     strict: bool = False,
     redact: bool | Redactor | Sequence[tuple[str, str]] | None = None,
+    model: str | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Tracing:
     """Trace this process as one rank of a job. Safe to call more than once (returns the live handle).
 
@@ -506,6 +516,9 @@ def init_tracing(
             (default ``$JOBTRACE_REDACT``, on; see docs/redaction.md). ``False``: off; ``True``: on whatever
             the variable says; ``[(kind, regex), …]``: on, with these patterns besides the built-in ones and
             ``$JOBTRACE_REDACT_PATTERNS``; a :class:`jobtrace.redact.Redactor`: that one.
+        model: the model's name, and ``config`` the run's configuration (hashed, never sent): heartbeats
+            carry them with the versions of the frameworks the process has imported, so that a golden
+            library (``jobtrace golden``) compares a run with runs of its own model and configuration.
     """
     global _active, _disabled
     with _lock:
@@ -549,9 +562,41 @@ def init_tracing(
             auto_steps=settings.auto_steps,
             data_dir=(data_dir or settings.data_dir) if sinks is None and settings.local_store else None,
             integrations=settings.integrations,
+            run_info=run_info(model, config),
         )
         _publish(_active.recorder)
         return _active
+
+
+#: the frameworks whose versions a heartbeat reports, where the process has imported them (never imported here)
+FRAMEWORKS = ("torch", "transformers", "accelerate", "lightning", "pytorch_lightning", "deepspeed", "megatron.core",
+              "nemo", "jobtrace")
+
+
+def framework_versions() -> dict[str, str]:
+    """Python's version and those of :data:`FRAMEWORKS` this process has imported."""
+    out = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for name in FRAMEWORKS:
+        mod = sys.modules.get(name)
+        version = getattr(mod, "__version__", None) if mod is not None else None
+        if version is not None:
+            out[name] = str(version)
+    return out
+
+
+def run_info(model: str | None, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What ``init_tracing(model=, config=)`` says of the run: the model's name and a hash of its configuration
+    (sorted JSON, values as text where not JSON; the configuration itself never leaves the process)."""
+    import hashlib
+    import json
+
+    out: dict[str, Any] = {}
+    if model:
+        out["model"] = str(model)[:200]
+    if config is not None:
+        text = json.dumps(dict(config), sort_keys=True, default=str, separators=(",", ":"))
+        out["config_hash"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return out
 
 
 def _with_run_nonce(identity: Identity, rank: int | None, local_rank: int | None, world_size: int | None,

@@ -24,6 +24,7 @@ from ._golden import (
     remove_golden,
     save_golden,
 )
+from ._golden_library import FolderLibrary, GoldenLibrary, SearchLibrary, open_library
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._live import Alert, LiveConfig, LiveState
 from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, read_kernel_log, slurm_evidence
@@ -62,6 +63,9 @@ __all__ = [
     "alertmanager_payload",
     "analyze",
     "attach_links",
+    "FolderLibrary",
+    "GoldenLibrary",
+    "SearchLibrary",
     "choose_golden",
     "classify_kernel_line",
     "compare_to_golden",
@@ -82,6 +86,7 @@ __all__ = [
     "load_local",
     "logql_query",
     "mark_golden",
+    "open_library",
     "open_tail",
     "print_report",
     "profile_distance",

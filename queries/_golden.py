@@ -138,11 +138,32 @@ def profile_job(job: Any, name: str | None = None) -> GoldenProfile:
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
     from ._patterns import log_patterns
 
-    shape = rows(con, "SELECT count(DISTINCT rank) AS ranks, max(world) AS world, count(DISTINCT node) AS nodes "
-                      "FROM events")[0]
+    counts = rows(con, "SELECT count(DISTINCT rank) AS ranks, max(world) AS world, count(DISTINCT node) AS nodes "
+                       "FROM events")[0]
+    shape: dict[str, Any] = {k: int(v or 0) for k, v in counts.items()}
+    shape.update(_run_env(con))
     return GoldenProfile(name or job.job_id, job.job_id, [int(r["step"]) for r in out], series,
-                         patterns=log_patterns(con), shape={k: int(v or 0) for k, v in shape.items()},
-                         ranks=_rank_quantiles(con))
+                         patterns=log_patterns(con), shape=shape, ranks=_rank_quantiles(con))
+
+
+def _run_env(con: Any) -> dict[str, Any]:
+    """The model, configuration hash and framework versions the job's heartbeats said last (lowest rank first;
+    ``init_tracing(model=, config=)``), where they said any."""
+    got = rows(con, """SELECT CAST(attrs->'env' AS VARCHAR) AS env FROM events
+                       WHERE kind = 'heartbeat' AND contains(CAST(attrs AS VARCHAR), '"env"')
+                       ORDER BY rank NULLS LAST, ts DESC LIMIT 1""")
+    if not got or not got[0]["env"]:
+        return {}
+    try:
+        env = orjson.loads(got[0]["env"])
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(env, dict):
+        return {}
+    out: dict[str, Any] = {k: str(env[k]) for k in ("model", "config_hash") if env.get(k)}
+    if isinstance(env.get("versions"), dict):
+        out["versions"] = {str(k): str(v) for k, v in env["versions"].items()}
+    return out
 
 
 def _rank_quantiles(con: Any) -> dict[str, dict[str, list[float]]]:
@@ -233,15 +254,26 @@ def profile_distance(a: GoldenProfile, b: GoldenProfile) -> float:
 
 def choose_golden(new: GoldenProfile, entries: Sequence[GoldenProfile], k: int = 5
                   ) -> tuple[list[GoldenProfile], str]:
-    """The up to ``k`` entries most like ``new``: those of its shape (world size and nodes) first, then the
-    nearest by :func:`profile_distance`; and why, in words."""
+    """The up to ``k`` entries most like ``new``: those of its shape (world size and nodes) first; among them those
+    of its model, then of its configuration (where both runs say theirs), then the nearest by
+    :func:`profile_distance`; and why, in words."""
     world, nodes = new.shape.get("world"), new.shape.get("nodes")
     same = [e for e in entries if e.shape.get("world") == world and e.shape.get("nodes") == nodes]
     pool = same or list(entries)
     why = (f"same shape, {world} ranks on {nodes} node(s)" if same
            else f"no entry of this job's shape ({world} ranks on {nodes} node(s)); the nearest of all")
-    scored = sorted(((profile_distance(new, e), e.name, e) for e in pool), key=lambda t: (t[0], t[1]))
-    chosen = [(d, e) for d, _, e in scored[:k] if d != math.inf]
+
+    def unlike(e: GoldenProfile, key: str) -> int:  # 0: both say the same; 1: one does not say; 2: they differ
+        if not new.shape.get(key) or not e.shape.get(key):
+            return 1
+        return 0 if new.shape[key] == e.shape[key] else 2
+
+    scored = sorted(((unlike(e, "model"), unlike(e, "config_hash"), profile_distance(new, e), e.name, e) for e in pool),
+                    key=lambda t: t[:4])
+    chosen = [(d, e) for _, _, d, _, e in scored[:k] if d != math.inf]
+    for key, words in (("model", "model"), ("config_hash", "configuration")):
+        if new.shape.get(key) and any(e.shape.get(key) == new.shape[key] for _, e in chosen):
+            why += f", same {words} first" + (f" ({new.shape[key]})" if key == "model" else "")
     if not chosen:
         return [], why + "; none shares a series with this job"
     return [e for _, e in chosen], why + "; nearest by median profile: " + ", ".join(

@@ -16,7 +16,8 @@ from jobtrace.store import build_tables, ingest_caveats
 
 from ._analysis import analyze
 from ._flight_recorder import add_flight_recorder, load_flight_recorder
-from ._golden import choose_golden, golden_dir, list_golden, load_golden, profile_job, save_golden
+from ._golden import choose_golden, golden_dir, profile_job
+from ._golden_library import FolderLibrary, GoldenLibrary
 from ._links import LinkConfig
 from ._model import AnalysisConfig, Report
 from ._store import JobData, load_local
@@ -35,6 +36,8 @@ class TraceOptions:
     """Where golden runs live (default ``<data-dir>/.golden``)."""
     golden: bool = False
     """Choose the references from the library by itself (:func:`choose_golden`), besides ``compare_to``."""
+    library: GoldenLibrary | None = None
+    """The library to read (default: the folder ``golden_dir``); a cluster's for ``--backend elasticsearch``."""
     links: LinkConfig = field(default_factory=LinkConfig)
     timeline: str | None = None
     perfetto: str | None = None
@@ -55,13 +58,14 @@ def trace_job(job_id: str, data_dir: str | os.PathLike[str], cfg: AnalysisConfig
             job = load_flight_recorder(job_id, opts.flight_recorder)
     elif opts.flight_recorder:
         add_flight_recorder(job, opts.flight_recorder)
-    gdir = opts.golden_dir or golden_dir(data_dir)
-    refs = [load_golden(gdir, name) for name in opts.compare_to]
+    lib = opts.library or (FolderLibrary(opts.golden_dir or golden_dir(data_dir))
+                           if opts.compare_to or opts.golden else None)
+    refs = [lib.load(name) for name in opts.compare_to] if lib is not None else []
     profile, why = None, None
-    if opts.golden:
-        entries = [load_golden(gdir, n) for n in list_golden(gdir) if n not in opts.compare_to]
+    if opts.golden and lib is not None:
+        entries = lib.load_all([n for n in lib.names() if n not in opts.compare_to])
         if not entries and not refs:
-            raise QueryError(f"no golden runs in {gdir}: add known-good jobs with `jobtrace golden add JOB`")
+            raise QueryError(f"no golden runs in {lib.where}: add known-good jobs with `jobtrace golden add JOB`")
         build_tables(job.con, job.derive_from, job.rollups)  # the profile reads the step tables
         profile = profile_job(job)
         chosen, why = choose_golden(profile, [e for e in entries if e.job_id != job.job_id])
@@ -83,13 +87,15 @@ def _source_kind(source: str) -> str:
 
 def mark_golden(job_id: str, data_dir: str | os.PathLike[str], name: str | None = None,
                 directory: str | os.PathLike[str] | None = None, cfg: AnalysisConfig | None = None,
-                force: bool = False, tags: Sequence[str] = ()) -> tuple[str, Report]:
-    """Add a finished job to the golden library; refuses one whose report has error or warning findings
-    unless ``force``. Returns the entry's path and the job's report.
+                force: bool = False, tags: Sequence[str] = (), *, job: JobData | None = None,
+                library: GoldenLibrary | None = None) -> tuple[str, Report]:
+    """Add a finished job (``job``, else ``job_id`` from the embedded store) to the golden library (``library``,
+    else the folder ``directory`` or the one beside the store); refuses one whose report has error or warning
+    findings unless ``force``. Returns where the entry went and the job's report.
 
     Raises :class:`~jobtrace.errors.Refused` for such a job (a finding, not a failure), naming the findings.
     """
-    job = load_local(data_dir, job_id)
+    job = job if job is not None else load_local(data_dir, job_id)
     report = analyze(job, cfg)
     bad = [f for f in report.findings if f.severity in ("error", "warning")]
     if bad and not force:
@@ -98,5 +104,5 @@ def mark_golden(job_id: str, data_dir: str | os.PathLike[str], name: str | None 
                       f"({kinds}), the first: {bad[0].summary}; keep it anyway with --force (force=True)")
     profile = profile_job(job, name or job_id)
     profile.tags = sorted(set(tags))
-    path = save_golden(profile, directory or golden_dir(data_dir))
-    return str(path), report
+    lib = library or FolderLibrary(directory or golden_dir(data_dir))
+    return lib.save(profile), report

@@ -21,6 +21,23 @@ _DATA_DIR = click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace
 _GOLDEN_DIR = click.option("--golden-dir", default=None, help="Where the library is kept (default <data-dir>/.golden).")
 
 
+def _where(f: Any) -> Any:
+    """``--backend``/``--url``: the library on an Elasticsearch/OpenSearch cluster (its ``jobtrace-golden`` index),
+    where the jobs are; ``--data-dir``/``--golden-dir``: the folder beside the store."""
+    f = _GOLDEN_DIR(f)
+    f = click.option("--url", default=None, help="The cluster's URL (default JOBTRACE_ES_URL).")(f)
+    f = click.option("--backend", type=click.Choice(["local", "elasticsearch"]), default="local", show_default=True,
+                     envvar=config.BACKEND, help="Where the library is kept: beside the store, or on the cluster "
+                                                 "the jobs ship to.")(f)
+    return _DATA_DIR(f)
+
+
+def _library(backend: str, url: str | None, data_dir: str, golden_dir: str | None) -> Any:
+    from queries import open_library
+
+    return open_library(backend, url=url, data_dir=data_dir, directory=golden_dir)
+
+
 class _Library(Group):
     """A group whose unknown first word is a job id to add (``jobtrace golden JOB``, as before)."""
 
@@ -48,37 +65,40 @@ def golden() -> None:
 
 @golden.command("add", cls=Command)
 @click.argument("job_id")
-@_DATA_DIR
+@_where
+@click.option("--since", default=None, help="With --backend elasticsearch: start of the job's time range (default 7d).")
+@click.option("--until", default=None, help="With --backend elasticsearch: end of the job's time range (default now).")
 @click.option("--name", default=None, help="Name of the entry (default: the job id).")
 @click.option("--tag", "tags", multiple=True, help="A label to find it by (repeatable).")
-@_GOLDEN_DIR
 @click.option("--force", is_flag=True, help="Keep the job even though its own report found problems.")
-def add(job_id: str, data_dir: str, name: str | None, tags: tuple[str, ...], golden_dir: str | None,
-        force: bool) -> None:
+def add(job_id: str, data_dir: str, backend: str, url: str | None, golden_dir: str | None, since: str | None,
+        until: str | None, name: str | None, tags: tuple[str, ...], force: bool) -> None:
     """Add the finished job JOB_ID to the library (its features only: series, log templates, shape).
+    With --backend elasticsearch the job is read from the cluster and the entry kept there.
 
     Exit status: 0 added, 1 refused (the job's report has error or warning findings, named in the
     message; --force keeps it), 2 usage error, 3 error (job not found), 4 internal error.
     """
-    from queries import mark_golden
+    from queries import TimeRange, load_job, mark_golden
 
-    path, _ = mark_golden(job_id, data_dir, name, golden_dir, force=force, tags=list(tags))  # Refused: exit 1
-    click.echo(f"golden run {name or job_id} added: {path}")
+    job = None
+    if backend != "local":
+        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=TimeRange.parse(since, until))
+    library = _library(backend, url, data_dir, golden_dir)
+    where, _ = mark_golden(job_id, data_dir, name, force=force, tags=list(tags), job=job, library=library)  # Refused: 1
+    click.echo(f"golden run {name or job_id} added: {where}")
 
 
 @golden.command("list", cls=Command)
-@_DATA_DIR
-@_GOLDEN_DIR
+@_where
 @click.option("--json", "as_json", is_flag=True)
-def list_command(data_dir: str, golden_dir: str | None, as_json: bool) -> None:
+def list_command(data_dir: str, backend: str, url: str | None, golden_dir: str | None, as_json: bool) -> None:
     """The library's entries: name, job, shape, steps, tags, when added."""
     import orjson
 
-    from queries import golden_dir as default_dir
-    from queries import list_golden, load_golden
-
-    where = golden_dir or default_dir(data_dir)
-    entries = [load_golden(where, n) for n in list_golden(where)]
+    library = _library(backend, url, data_dir, golden_dir)
+    where = library.where
+    entries = library.load_all(library.names())
     if as_json:
         click.echo(orjson.dumps([_summary(e) for e in entries], option=orjson.OPT_INDENT_2).decode())
         return
@@ -94,16 +114,12 @@ def list_command(data_dir: str, golden_dir: str | None, as_json: bool) -> None:
 
 @golden.command("show", cls=Command)
 @click.argument("name")
-@_DATA_DIR
-@_GOLDEN_DIR
-def show(name: str, data_dir: str, golden_dir: str | None) -> None:
+@_where
+def show(name: str, data_dir: str, backend: str, url: str | None, golden_dir: str | None) -> None:
     """One entry: its summary and its log templates (most frequent first)."""
     import orjson
 
-    from queries import golden_dir as default_dir
-    from queries import load_golden
-
-    e = load_golden(golden_dir or default_dir(data_dir), name)
+    e = _library(backend, url, data_dir, golden_dir).load(name)
     templates = sorted(((e.patterns or {}).get("templates") or {}).items(), key=lambda kv: -kv[1]["count"])
     out = {**_summary(e), "series": sorted(e.series), "templates": [
         {"template": t, "count": v["count"], "level": v["level"], "ranks": v["ranks"]} for t, v in templates]}
@@ -112,14 +128,10 @@ def show(name: str, data_dir: str, golden_dir: str | None) -> None:
 
 @golden.command("remove", cls=Command)
 @click.argument("name")
-@_DATA_DIR
-@_GOLDEN_DIR
-def remove(name: str, data_dir: str, golden_dir: str | None) -> None:
+@_where
+def remove(name: str, data_dir: str, backend: str, url: str | None, golden_dir: str | None) -> None:
     """Take an entry out of the library (exit 3 if there is none by that name)."""
-    from queries import golden_dir as default_dir
-    from queries import remove_golden
-
-    click.echo(f"golden run {name} removed: {remove_golden(golden_dir or default_dir(data_dir), name)}")
+    click.echo(f"golden run {name} removed: {_library(backend, url, data_dir, golden_dir).remove(name)}")
 
 
 def _summary(e: Any) -> dict[str, Any]:
@@ -128,4 +140,5 @@ def _summary(e: Any) -> dict[str, Any]:
     return {"name": e.name, "job_id": e.job_id, "ranks": e.shape.get("ranks"), "nodes": e.shape.get("nodes"),
             "world": e.shape.get("world"), "steps": len(e.steps),
             "median_step_ms": None if med is None else round(med, 3), "tags": e.tags, "added": added,
-            "templates": len((e.patterns or {}).get("templates") or {})}
+            "templates": len((e.patterns or {}).get("templates") or {}),
+            **{k: e.shape[k] for k in ("model", "config_hash", "versions") if e.shape.get(k)}}

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     node = f"node{rank // args.ranks_per_node}" if args.ranks_per_node else None
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    oi.init_tracing(node=node)  # the one line
+    oi.init_tracing(node=node, model="demo-mlp", config={"hidden": args.hidden, "batch": args.batch, "wrap": args.wrap})
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("DEMO_PG_TIMEOUT", "600"))))
     world = dist.get_world_size()

@@ -112,3 +112,31 @@ def test_both_forms_see_the_same_ranks(jobs, case, tmp_path):
         report = _report(jobs, case, form, tmp_path / form)
         ranks[form] = sorted(r.rank for r in report.per_rank if r.rank is not None)
     assert ranks["console"] == ranks["logdir"] == list(range(4)), ranks
+
+
+def test_ingested_jobs_join_the_golden_library(jobs, tmp_path):
+    """A team seeds its library from old logs: the healthy job's console, ingested, becomes an entry; the slow
+    data loader's run, ingested the same way, is refused as an entry and compared against it."""
+    from click.testing import CliRunner
+
+    from jobtrace.cli import main, trace_job
+
+    store = tmp_path / "store"
+    for case in ("healthy_busy", "slow_data"):
+        Ingestor(IngestConfig(job=case), open_sink("local", case, data_dir=store)).run([str(_input(jobs, case, "console"))])
+    res = CliRunner().invoke(main, ["golden", "add", "healthy_busy", "--data-dir", str(store), "--tag", "ingested"])
+    assert res.exit_code == 0, res.output
+    shown = json.loads(CliRunner().invoke(main, ["golden", "show", "healthy_busy", "--data-dir", str(store)]).output)
+    assert shown["world"] == 4 and shown["tags"] == ["ingested"] and "data_ms" in shown["series"]
+    res = CliRunner().invoke(main, ["golden", "add", "slow_data", "--data-dir", str(store)])
+    assert res.exit_code == 1 and "data_wait" in res.output
+    res = CliRunner().invoke(trace_job, ["slow_data", "--data-dir", str(store), "--json", "--golden", "--gate", "6"])
+    report = json.loads(res.output)
+    assert res.exit_code == 1 and report["golden"] == ["healthy_busy"], report["golden_choice"]
+    # The run's series are medians over ranks: its step departs (the others wait for rank 2 in backward's
+    # all-reduces); the score per rank names rank 2, by its data phase.
+    departed = {f["details"]["metric"] for f in report["findings"] if f["kind"] == "golden_deviation"}
+    assert "step_ms" in departed, [f["summary"] for f in report["findings"]]
+    [score] = [f for f in report["findings"] if f["kind"] == "golden_score"]
+    first = score["details"]["ranks"][0]
+    assert (first["rank"], first["contributions"][0]["what"]) == (R, "data_ms"), score["details"]["ranks"]

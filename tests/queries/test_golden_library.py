@@ -81,6 +81,22 @@ def test_golden_chooses_the_same_shape_entries_and_says_why(store):
     assert "same shape, 2 ranks on 1 node(s)" in report["golden_choice"]
 
 
+def test_among_same_shape_entries_those_of_the_runs_model_and_configuration_come_first():
+    from queries import GoldenProfile, choose_golden
+
+    def entry(name, step_ms, **shape):
+        return GoldenProfile(name, name, [1, 2, 3], {"step_ms": [step_ms] * 3}, shape={"world": 8, "nodes": 1, **shape})
+
+    new = entry("new", 100.0, model="llama-7b", config_hash="aa")
+    entries = [entry("near-other-model", 100.0, model="llama-13b", config_hash="aa"),
+               entry("same-model-other-config", 130.0, model="llama-7b", config_hash="bb"),
+               entry("same-both", 150.0, model="llama-7b", config_hash="aa"),
+               entry("unsaid", 101.0)]
+    chosen, why = choose_golden(new, entries, k=3)
+    assert [e.name for e in chosen] == ["same-both", "same-model-other-config", "unsaid"]  # model, then config
+    assert "same model first (llama-7b)" in why and "same configuration first" in why
+
+
 def test_a_healthy_run_raises_no_pattern_finding(store):
     _, report = trace(store, "ok-new", "--golden")
     assert [f["kind"] for f in report["findings"] if "pattern" in f["kind"]] == []

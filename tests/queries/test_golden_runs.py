@@ -59,6 +59,17 @@ def trace(store, job):
         f for f in report["findings"] if f["kind"] == "golden_deviation"]
 
 
+def test_an_entry_keeps_the_runs_model_configuration_and_versions(store):
+    """``init_tracing(model=, config=)`` and the frameworks imported, as the heartbeats said them."""
+    res = CliRunner().invoke(main, ["golden", "show", "lib0", "--data-dir", str(store)])
+    shown = json.loads(res.output)
+    import torch
+
+    assert shown["model"] == "demo-mlp" and len(shown["config_hash"]) == 16
+    assert shown["versions"]["torch"] == torch.__version__ and "python" in shown["versions"]
+    assert (shown["world"], shown["ranks"]) == (2, 2)
+
+
 def test_ten_healthy_runs_raise_nothing_and_the_library_scores_itself(store):
     scores = {}
     for name in HEALTHY:
