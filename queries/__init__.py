@@ -24,7 +24,7 @@ from ._golden import (
     remove_golden,
     save_golden,
 )
-from ._golden_library import FolderLibrary, GoldenLibrary, SearchLibrary, open_library
+from ._golden_library import FolderLibrary, GoldenLibrary, LokiLibrary, SearchLibrary, open_library
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._live import Alert, LiveConfig, LiveState
 from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, read_kernel_log, slurm_evidence
@@ -65,6 +65,7 @@ __all__ = [
     "attach_links",
     "FolderLibrary",
     "GoldenLibrary",
+    "LokiLibrary",
     "SearchLibrary",
     "choose_golden",
     "classify_kernel_line",

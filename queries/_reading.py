@@ -90,10 +90,11 @@ def busy_windows(intervals: Iterable[tuple[int, int, int]], window_lines: int) -
 
 
 def read_request(transport: Transport, request: Request, *, timeout_s: float, retries: int, backend: str,
-                 base: str, credentials_hint: str, on_attempt: Callable[[], None] = lambda: None) -> Response:
+                 base: str, credentials_hint: str, on_attempt: Callable[[], None] = lambda: None,
+                 ok: tuple[int, ...] = (200,)) -> Response:
     """Send one read to a log server, retrying an unreachable server and 429/5xx with backoff.
 
-    Returns the 200 answer; any other outcome is a :class:`QueryError` that names the
+    Returns the answer whose status is in ``ok`` (200); any other outcome is a :class:`QueryError` that names the
     server (without credentials) and, for 401/403, where the credentials come from.
     """
     from jobtrace.http import RetryPolicy
@@ -109,7 +110,7 @@ def read_request(transport: Transport, request: Request, *, timeout_s: float, re
                 raise ServerUnavailable(f"cannot reach {backend} at {where}: {exc}") from None
             time.sleep(policy.delay(attempt))
             continue
-        if response.status == 200:
+        if response.status in ok:
             return response
         if policy.retryable(response.status):
             if attempt == retries:

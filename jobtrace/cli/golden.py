@@ -22,13 +22,13 @@ _GOLDEN_DIR = click.option("--golden-dir", default=None, help="Where the library
 
 
 def _where(f: Any) -> Any:
-    """``--backend``/``--url``: the library on an Elasticsearch/OpenSearch cluster (its ``jobtrace-golden`` index),
-    where the jobs are; ``--data-dir``/``--golden-dir``: the folder beside the store."""
+    """``--backend``/``--url``: the library on an Elasticsearch/OpenSearch cluster (its ``jobtrace-golden`` index)
+    or on Loki (one stream), where the jobs are; ``--data-dir``/``--golden-dir``: the folder beside the store."""
     f = _GOLDEN_DIR(f)
-    f = click.option("--url", default=None, help="The cluster's URL (default JOBTRACE_ES_URL).")(f)
-    f = click.option("--backend", type=click.Choice(["local", "elasticsearch"]), default="local", show_default=True,
-                     envvar=config.BACKEND, help="Where the library is kept: beside the store, or on the cluster "
-                                                 "the jobs ship to.")(f)
+    f = click.option("--url", default=None, help="The server's URL (default JOBTRACE_ES_URL / JOBTRACE_LOKI_URL).")(f)
+    f = click.option("--backend", type=click.Choice(["local", "elasticsearch", "loki"]), default="local",
+                     show_default=True, envvar=config.BACKEND,
+                     help="Where the library is kept: beside the store, or on the server the jobs ship to.")(f)
     return _DATA_DIR(f)
 
 
@@ -66,15 +66,15 @@ def golden() -> None:
 @golden.command("add", cls=Command)
 @click.argument("job_id")
 @_where
-@click.option("--since", default=None, help="With --backend elasticsearch: start of the job's time range (default 7d).")
-@click.option("--until", default=None, help="With --backend elasticsearch: end of the job's time range (default now).")
+@click.option("--since", default=None, help="With a server: start of the job's time range (default 7d).")
+@click.option("--until", default=None, help="With a server: end of the job's time range (default now).")
 @click.option("--name", default=None, help="Name of the entry (default: the job id).")
 @click.option("--tag", "tags", multiple=True, help="A label to find it by (repeatable).")
 @click.option("--force", is_flag=True, help="Keep the job even though its own report found problems.")
 def add(job_id: str, data_dir: str, backend: str, url: str | None, golden_dir: str | None, since: str | None,
         until: str | None, name: str | None, tags: tuple[str, ...], force: bool) -> None:
     """Add the finished job JOB_ID to the library (its features only: series, log templates, shape).
-    With --backend elasticsearch the job is read from the cluster and the entry kept there.
+    With --backend elasticsearch or loki the job is read from the server and the entry kept there.
 
     Exit status: 0 added, 1 refused (the job's report has error or warning findings, named in the
     message; --force keeps it), 2 usage error, 3 error (job not found), 4 internal error.

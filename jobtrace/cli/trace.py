@@ -42,7 +42,7 @@ def _view_options(f: Any) -> Any:
                                                 help="With golden runs: a median step this many percent slower than "
                                                      "theirs is a problem (exit 1), as a pipeline gate.")),
         ("--golden-dir", dict(default=None, help="Where golden runs are kept (default <data-dir>/.golden; with "
-                                                 "--backend elasticsearch, the cluster's jobtrace-golden index).")),
+                                                 "--backend elasticsearch or loki, on that server).")),
         ("--timeline", dict(default=None, type=click.Path(dir_okay=False), help="Write an interactive HTML timeline.")),
         ("--perfetto", dict(default=None, type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace JSON.")),
         ("--grafana-url", dict(envvar=config.GRAFANA_URL, default=None, help="Link findings to Grafana Explore.")),
@@ -122,10 +122,10 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
             click.echo(f"note: {exc}; reporting on the Flight Recorder dumps alone", err=True)
         job = load_flight_recorder(job_id, opts.flight_recorder)
         opts = replace(opts, flight_recorder=())
-    if backend == "elasticsearch" and not opts.golden_dir and (opts.golden or opts.compare_to):
+    if backend in ("elasticsearch", "loki") and not opts.golden_dir and (opts.golden or opts.compare_to):
         from queries import open_library
 
-        opts = replace(opts, library=open_library(backend, url=url))  # the library on the jobs' own cluster
+        opts = replace(opts, library=open_library(backend, url=url))  # the library on the jobs' own server
     cfg = AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor,
                          max_step_time_regression_pct=views["max_step_time_regression_pct"], golden_gate=views["gate"])
     report, _ = run_trace(job_id, data_dir, cfg, opts, job=job)
