@@ -150,7 +150,9 @@ def main() -> None:
     tracing.force_flush(60)
     exporter = next(t for t in threading.enumerate() if t.name == "jobtrace-export")
     export_clock = time.pthread_getcpuclockid(exporter.ident)  # type: ignore[arg-type]
-    export0, process0 = time.clock_gettime(export_clock), time.process_time()
+    beat = next(t for t in threading.enumerate() if t.name == "jobtrace-heartbeat")
+    beat_clock = time.pthread_getcpuclockid(beat.ident)  # type: ignore[arg-type]
+    export0, process0, beat0 = time.clock_gettime(export_clock), time.process_time(), time.clock_gettime(beat_clock)
     pairs = []
     for b in range(1, args.blocks + 1):
         order = (False, True) if b % 2 else (True, False)
@@ -160,11 +162,13 @@ def main() -> None:
     tracing.force_flush(60)
     steps = 2 * args.blocks * args.block_steps
     export_us = (time.clock_gettime(export_clock) - export0) / (steps / 2) * 1e6
+    beat_us = (time.clock_gettime(beat_clock) - beat0) / (steps / 2) * 1e6  # compiled hooks: drained here
     process_us = (time.process_time() - process0) / steps * 1e6
     dist.barrier()
     dist.destroy_process_group()
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as fh:
         json.dump({"rank": rank, "pairs": pairs, "export_us_per_traced_step": export_us,
+                   "beat_us_per_traced_step": beat_us, "compiled_hooks": bool(getattr(hooks, "compiled", False)),
                    "process_cpu_us_per_step": process_us}, fh)
 
 

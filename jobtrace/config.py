@@ -117,6 +117,13 @@ COLLECTIVES: Final = _var("JOBTRACE_COLLECTIVES", "choice", "auto",
                           "How torch collectives are recorded: `hooks` (c10d's process-group hooks, torch 2.15 on: "
                           "every collective of every group, DDP's and FSDP's too, timed to completion), `wrap` (the "
                           "Python `torch.distributed` functions only), `auto` (hooks where torch has them).", _G)
+NATIVE_HOOKS: Final = _var("JOBTRACE_NATIVE_HOOKS", "bool", "1",
+                           "Record collectives of host-timed groups (gloo) with the compiled process-group hooks where "
+                           "they are built for this torch (`python -m otel_instrumentation.native_hooks`): no GIL per "
+                           "collective. `0`: the Python hooks.", _G)
+CACHE_DIR: Final = _var("JOBTRACE_CACHE_DIR", "text", None,
+                        "Where builds made for this machine are kept (the compiled process-group hooks); default "
+                        "`~/.cache/jobtrace`.", _G)
 AUTO_STEPS: Final = _var("JOBTRACE_AUTO_STEPS", "bool", "1",
                          "Steps and phases from the training loop's own calls where the script marks none: optimizer "
                          "steps end steps, DataLoader batches are data, the top-level module's call is forward, "

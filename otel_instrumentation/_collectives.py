@@ -16,6 +16,13 @@ Why these hooks, measured against the alternatives (docs/tracing.md, "Collective
 * ``_register_on_completion_hook`` is NCCL's alone; where the group is NCCL it gives the
   device-measured duration, and this module uses it there (below).
 
+Where the compiled hooks are built for this torch (:mod:`.native_hooks`), groups timed on the host
+(gloo) get those instead: the same records, kept in C++ without the GIL and drained by the export
+thread before each batch and by the heartbeat thread (:meth:`GroupHooks.drain`); a record's step is then the step whose end followed its issue
+(the recorder's step-end hooks), or the step in progress, and it nests under the job's root span;
+a collective issued on the training thread (the one that called ``init_tracing``) asks the recorder
+for its step and span, as the Python hooks do, and nests where it was issued.
+
 What a record says:
 
 * ``op``, ``group`` (``default`` for the world group, else c10d's group name, the same on every
@@ -39,8 +46,10 @@ thread reports as the collective the rank is in.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable
 from random import getrandbits
 from time import time_ns
@@ -101,7 +110,7 @@ class _Group:
     registers a group (where it is hooked) before it makes it the default group or maps its ranks."""
 
     __slots__ = ("pg", "name", "size", "state", "extra", "seq", "p2p_seq", "issued", "device_timed", "by_work_seq",
-                 "resolved", "hooks")
+                 "resolved", "hooks", "native")
 
     def __init__(self, pg: Any) -> None:
         self.pg = pg
@@ -116,6 +125,7 @@ class _Group:
         self.by_work_seq: dict[int, tuple[Any, ...]] = {}  # NCCL: the work's sequence number -> its record
         self.resolved = False
         self.hooks: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None  # (pre, post) registered
+        self.native: int | None = None  # its index among the compiled hooks' groups, where they record it
 
     def resolve(self, dist: Any, c10d: Any) -> None:
         pg = self.pg
@@ -140,9 +150,11 @@ class GroupHooks:
 
     mode = "hooks"
 
-    def __init__(self, rec: TraceRecorder, *, device_timing: bool = True) -> None:
+    def __init__(self, rec: TraceRecorder, *, device_timing: bool = True, native: bool = True) -> None:
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
+
+        from . import native_hooks
 
         self._rec = rec
         self._dist: Any = dist
@@ -156,6 +168,25 @@ class GroupHooks:
         self.errors = 0
         """Hook calls that failed (the op went unrecorded; training went on)."""
         self._original: Callable[..., Any] | None = None
+        self._native: Any = native_hooks.load() if native else None
+        """The compiled hooks' module, where built (see :mod:`.native_hooks`)."""
+        self._native_groups: list[_Group] = []
+        self._step_ends: deque[tuple[int, int]] = deque(maxlen=16_384)  # (end ns, step), for drained records
+        self._drain_lock = threading.Lock()
+        self._destroy: tuple[Callable[..., Any], list[Any]] | None = None
+        if self._native is not None:
+            import torch._C._distributed_c10d as c10d_c
+
+            names = getattr(getattr(c10d_c, "HookOpName", None), "__members__", None) or {}
+            self._op_names = {int(v): k for k, v in names.items()}
+            rec.step_end_hooks.append(self._step_ended)
+            current = rec.current_span_id
+            self._native.set_context_fn(lambda: (rec.step, current()))  # asked on this (the training) thread
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the compiled hooks record this process's host-timed groups."""
+        return self._native is not None
 
     # ---- attaching ------------------------------------------------------------------------
     def install(self) -> None:
@@ -174,17 +205,67 @@ class GroupHooks:
         setattr(c10d, "_register_pg_in_world", register)  # noqa: B010 - the one place every group passes
         for pg in list(c10d._world.pg_map):  # noqa: SLF001 - groups made before init_tracing
             self.attach(pg)
+        if self._native is not None:
+            self._wrap_destroy()
+
+    def _wrap_destroy(self) -> None:
+        """Drain the compiled hooks' records while c10d still knows their groups (names, ranks): the last
+        moment is the script's ``destroy_process_group``."""
+        c10d, dist = self._c10d, self._dist
+        original = getattr(c10d.destroy_process_group, "__jobtrace_wrapped__", c10d.destroy_process_group)
+
+        @functools.wraps(original)
+        def destroy(*args: Any, **kwargs: Any) -> Any:
+            self.resolve_groups()
+            self.drain()
+            return original(*args, **kwargs)
+
+        destroy.__jobtrace_wrapped__ = original  # type: ignore[attr-defined]
+        self._destroy = (original, [m for m in (c10d, dist) if getattr(m, "destroy_process_group", None) is original])
+        for module in self._destroy[1]:
+            setattr(module, "destroy_process_group", destroy)  # noqa: B010
+
+    def resolve_groups(self) -> None:
+        """Read the compiled hooks' groups' names and ranks, where c10d has them by now: once the world group
+        is made and the group's ranks are mapped (c10d registers a group before either)."""
+        c10d = self._c10d
+        for group in self._native_groups:
+            if group.resolved:
+                continue
+            try:
+                if c10d.is_initialized() and group.pg in c10d._world.pg_group_ranks:  # noqa: SLF001
+                    group.resolve(self._dist, c10d)
+            except Exception:  # noqa: BLE001
+                self.errors += 1
 
     def uninstall(self) -> None:
         if self._original is not None:
             setattr(self._c10d, "_register_pg_in_world", self._original)  # noqa: B010
             self._original = None
+        if self._destroy is not None:
+            for module in self._destroy[1]:
+                setattr(module, "destroy_process_group", self._destroy[0])  # noqa: B010
+            self._destroy = None
         self.set_enabled(False)
+        self.drain()
+        if self._native is not None:
+            self._native.set_context_fn(None)
+        if self._step_ended in self._rec.step_end_hooks:
+            self._rec.step_end_hooks.remove(self._step_ended)
         self._groups.clear()
 
     def set_enabled(self, on: bool) -> None:
         """Take the hooks off every group (nothing is recorded, nothing is paid) or put them back."""
         for group in self._groups.values():
+            if group.native is not None:
+                try:
+                    if on:
+                        self._native.attach(group.pg, group.native, _HOOK_ID)
+                    else:
+                        self._native.detach(group.pg, _HOOK_ID)
+                except Exception:  # noqa: BLE001, S110 - a destroyed group has no hooks left
+                    pass
+                continue
             if on:
                 self._register(group)
                 continue
@@ -210,10 +291,20 @@ class GroupHooks:
         if key in self._groups:
             return
         group = _Group(pg)
+        backend = _backend_name(pg)
+        if self._native is not None and "nccl" not in backend:
+            try:
+                self._native.attach(pg, len(self._native_groups), _HOOK_ID)
+                group.native = len(self._native_groups)
+                self._native_groups.append(group)
+                self._groups[key] = group
+                return
+            except Exception:  # noqa: BLE001 - not a ProcessGroup the compiled hooks take: the Python ones
+                group.native = None
         group.hooks = (functools.partial(self._pre, group), functools.partial(self._post, group))
         if not self._register(group):
             return
-        if self._device_timing and "nccl" in _backend_name(pg):
+        if self._device_timing and "nccl" in backend:
             try:
                 pg._enable_collectives_timing()  # noqa: SLF001 - CUDA events around each op (TORCH_NCCL_ENABLE_TIMING)
                 pg._register_on_completion_hook(functools.partial(self._completed, group))  # noqa: SLF001
@@ -318,13 +409,76 @@ class GroupHooks:
         if t1 > rec.last_progress_ns and not (more and "error" in more):  # a failed one is no progress
             rec.last_progress_ns = t1
 
+    # ---- the compiled hooks' records (heartbeat thread) ---------------------------------------
+    def _step_ended(self, step: int | None) -> None:
+        if type(step) is int:
+            self._step_ends.append((time_ns(), step))
+        if self._native_groups and not self._native_groups[-1].resolved:  # groups made meanwhile (main thread)
+            self.resolve_groups()
+
+    def drain(self) -> int:
+        """Turn what the compiled hooks recorded since the last call into the recorder's items; how many."""
+        native = self._native
+        if native is None:
+            return 0
+        with self._drain_lock:
+            try:
+                got = native.drain()
+            except Exception:  # noqa: BLE001
+                self.errors += 1
+                return 0
+            if not got:
+                return 0
+            self.resolve_groups()
+            ends = list(self._step_ends)
+            times = [e[0] for e in ends]
+            rec = self._rec
+            root = getattr(rec, "root_span_id", None)
+            for code, index, t0, t1, seq, p2p_seq, peer, nbytes, step, parent, async_only, error, asked in got:
+                try:
+                    group = self._native_groups[index]
+                    if not group.resolved:  # a group that ran collectives before c10d mapped it: as it stands
+                        group.resolve(self._dist, self._c10d)
+                    name = self._op_names.get(code, "UNKNOWN")
+                    op = _OPS.get(name, name.lower())
+                    if op in _P2P:
+                        extra = {**group.extra, "p2p_seq": p2p_seq}
+                        if peer >= 0:
+                            extra["peer"] = peer
+                        seq = None
+                    else:
+                        extra = group.extra
+                    if step is None and not asked:  # issued without the GIL: the step by time
+                        i = bisect.bisect_left(times, t0)
+                        step = ends[i][1] if i < len(ends) else rec.step
+                    more = {"async": True} if async_only else {"error": error} if error else None
+                    record = (getrandbits(64) or 1, parent or root, op, t0, step, seq, nbytes, extra)
+                    self._finish(group, record, t1, more)
+                except Exception:  # noqa: BLE001
+                    self.errors += 1
+            return len(got)
+
     # ---- for the heartbeat thread ------------------------------------------------------------
     def waiting(self) -> tuple[str, str, int | None, int, int] | None:
-        """``(op, group, seq, t0_ns, bytes)`` of the oldest collective issued and not completed."""
+        """``(op, group, seq, t0_ns, bytes)`` of the oldest collective issued and not completed (drains the
+        compiled hooks' records first, so that the heartbeat's "last done" is theirs too)."""
+        native = None
+        if self._native is not None:
+            self.drain()
+            try:
+                oldest = self._native.oldest()
+            except Exception:  # noqa: BLE001
+                oldest = None
+            if oldest is not None:
+                code, index, seq, t0, nbytes = oldest
+                group = self._native_groups[index]
+                if not group.resolved:
+                    group.resolve(self._dist, self._c10d)
+                name = self._op_names.get(code, "UNKNOWN")
+                native = (_OPS.get(name, name.lower()), group.name, None if seq < 0 else seq, t0, nbytes)
         with self._lock:
-            if not self._outstanding:
-                return None
-            return min(self._outstanding.values(), key=lambda w: w[3])
+            waits = list(self._outstanding.values()) + ([native] if native is not None else [])
+        return min(waits, key=lambda w: w[3]) if waits else None
 
 
 def _backend_name(pg: Any) -> str:

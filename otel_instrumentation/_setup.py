@@ -141,6 +141,8 @@ class Tracing:
             self.torch_instrumented = self.collectives is not None
             if self.collectives is not None:
                 self._undo.append(self.collectives.uninstall)
+                if self.collectives.compiled:  # their records go out with each batch
+                    self.worker.before_export(self.collectives.drain)
             hook = memory_hook(self.recorder, memory_interval_s)
             if hook is not None:
                 self.recorder.step_end_hooks.append(hook)
@@ -192,8 +194,13 @@ class Tracing:
         if self._closed:
             return
         self._closed = True
-        self._record_message(logging.INFO, "stop", logger="jobtrace.lifecycle")
         self._stop_beat.set()
+        if self.collectives is not None:
+            try:
+                self.collectives.drain()  # the compiled hooks' last records, before the final flush
+            except Exception:  # noqa: BLE001, S110
+                pass
+        self._record_message(logging.INFO, "stop", logger="jobtrace.lifecycle")
         self.worker.shutdown(timeout_s)
         for undo in reversed(self._undo):
             try:

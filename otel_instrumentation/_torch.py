@@ -41,11 +41,18 @@ class CollectiveSource(Protocol):
 
     mode: str
     """``hooks`` or ``wrap``."""
+    @property
+    def compiled(self) -> bool:
+        """Whether records wait in compiled hooks until :meth:`drain` (the export thread drains them)."""
 
     def waiting(self) -> tuple[str, str, int | None, int, int] | None:
         """``(op, group, seq, t0_ns, bytes)`` of the collective the rank is in (the oldest outstanding)."""
 
+    def drain(self) -> int:
+        """Emit the records the compiled hooks hold; how many (0 where there are none)."""
+
     def uninstall(self) -> None: ...
+
 
 _PATCHED: dict[tuple[Any, str], Callable[..., Any]] = {}
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -85,9 +92,13 @@ class _Wrapped:
     """Collectives recorded by wrapping the Python functions (a torch without process-group hooks)."""
 
     mode = "wrap"
+    compiled = False
 
     def __init__(self, rec: TraceRecorder) -> None:
         self._rec = rec
+
+    def drain(self) -> int:
+        return 0
 
     def waiting(self) -> tuple[str, str, int | None, int, int] | None:
         return self._rec.in_collective

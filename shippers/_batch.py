@@ -103,6 +103,7 @@ class BatchWorker(Generic[T]):
         self._shutdown = False
         self._reported: set[str] = set()
         self._sources: list[Callable[[], tuple[bytes, int, int]]] = []
+        self._before: list[Callable[[], object]] = []
         self.redactor: Redactor | None = (redact if isinstance(redact, Redactor) else None if redact is False
                                           else redactor_from_env(force=redact is True))
         self._redact_state = RedactState()  # the export thread's stream: a key block left open by a batch
@@ -195,8 +196,18 @@ class BatchWorker(Generic[T]):
             self._export_all()
         self._export_all()
 
+    def before_export(self, fn: Callable[[], object]) -> None:
+        """Call ``fn`` on the export thread before each export, so that what it emits goes out in the same batch
+        (the compiled process-group hooks' records, kept in C++ until then)."""
+        self._before.append(fn)
+
     def _export_all(self) -> None:
         with self._export_lock:
+            for before in self._before:
+                try:
+                    before()
+                except Exception as exc:  # noqa: BLE001 - it must never kill the worker
+                    self._report_once("before_export", exc)
             for drain in self._sources:
                 try:
                     data, n, errors = drain()

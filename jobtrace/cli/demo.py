@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
@@ -13,6 +14,26 @@ from .exitcodes import Command
 from .trace import report_and_exit
 
 __all__ = ["demo"]
+
+
+def _compiled_hooks(console: Any) -> None:
+    """Build the compiled process-group hooks once, where a C++ compiler is (tracing never builds them in a job);
+    without them the Python hooks record the same collectives, at more cost (docs/tracing.md)."""
+    import shutil
+
+    from otel_instrumentation import native_hooks
+
+    if not config.get_bool(config.NATIVE_HOOKS, default=True) or native_hooks.built_path() is not None:
+        return
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        console.print("note: no C++ compiler: collectives are recorded by the Python hooks")
+        return
+    console.print("building the compiled process-group hooks for this torch (once, about 20 s)...")
+    try:
+        native_hooks.build()
+    except Exception as exc:  # noqa: BLE001 - the demo runs without them
+        console.print(f"note: the compiled hooks did not build ({type(exc).__name__}: {str(exc)[:200]}); "
+                      "the Python hooks record the collectives")
 
 
 @click.command(cls=Command)
@@ -60,11 +81,12 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     how = {"ddp": ", DistributedDataParallel", "fsdp": ", FSDP2"}.get(wrap or "", "")
     console.print(f"[bold]jobtrace demo[/]: job {job_id}, {ranks} ranks{how}, {steps} steps, "
                   f"{fault.strip() or 'no fault'}")
-    t0 = time.monotonic()
     try:
         import torch  # noqa: F401
     except ImportError:
         raise JobtraceError("the demo needs torch: pip install 'jobtrace[torch]'") from None
+    _compiled_hooks(console)
+    t0 = time.monotonic()
     rc = run_job(cfg)
     console.print(f"job {'stopped after a stall' if rc == -1 else f'exited with {rc}'} in {time.monotonic() - t0:.1f}s; "
                   f"tracing it: trace-job {job_id} --data-dir {data_dir}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))

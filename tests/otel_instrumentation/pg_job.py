@@ -34,6 +34,7 @@ with oi.step(0):
     dist.broadcast(torch.ones(4), src=0, group=sub)
     funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
     dist.barrier()
-print(f"mode={t.collectives.mode} errors={t.collectives.errors}", flush=True)
+print(f"mode={t.collectives.mode} errors={t.collectives.errors} compiled={int(getattr(t.collectives, 'compiled', 0))}",
+      flush=True)
 dist.destroy_process_group()
 t.shutdown()

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the collectives are torch.distributed's")
 
+from otel_instrumentation import native_hooks  # noqa: E402
 from otel_instrumentation._collectives import hooks_supported, ranks_text  # noqa: E402
 
 pytestmark = [pytest.mark.torchjob,
@@ -25,18 +26,23 @@ pytestmark = [pytest.mark.torchjob,
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", params=["1", "0"], ids=["compiled", "python"])
+@pytest.fixture(scope="module", params=[("1", "1"), ("0", "1"), ("1", "0")],
+                ids=["compiled", "python-recorder", "python-hooks"])
 def job(request, tmp_path_factory):
-    if request.param == "1":
+    """The job under (the recorder, the process-group hooks): compiled or Python each."""
+    recorder, hooks = request.param
+    if recorder == "1":
         pytest.importorskip("jobtrace_native", reason="the compiled recorder is not built")
+    if hooks == "1" and native_hooks.built_path() is None:
+        pytest.skip("the compiled hooks are not built (python -m otel_instrumentation.native_hooks; CI builds them)")
     data = tmp_path_factory.mktemp("pg-hooks")
     env = dict(os.environ, JOBTRACE_ROOT=str(ROOT), JOBTRACE_DATA_DIR=str(data), JOBTRACE_JOB_ID="pg",
-               JOBTRACE_NATIVE=request.param, OMP_NUM_THREADS="1")
+               JOBTRACE_NATIVE=recorder, JOBTRACE_NATIVE_HOOKS=hooks, OMP_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                           str(Path(__file__).parent / "pg_job.py")], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("mode=hooks errors=0") == 2, run.stdout
+    assert run.stdout.count(f"mode=hooks errors=0 compiled={hooks}") == 2, run.stdout
     spans: dict[int, list[dict]] = {0: [], 1: []}
     for path in (data / "pg").glob("*.jsonl"):
         for line in path.read_text().splitlines():

@@ -9,12 +9,14 @@ reducer during ``backward()``, FSDP2 gathers and scatters the sharded weights be
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
 
 from jobtrace.demo import DemoConfig, run_job
+from otel_instrumentation import native_hooks
 from otel_instrumentation._collectives import hooks_supported
 from queries import AnalysisConfig, analyze, load_local
 
@@ -51,14 +53,28 @@ def problems(report):
     return sorted({(f.kind, tuple(f.ranks)) for f in report.findings if f.severity in ("error", "warning")})
 
 
-@pytest.fixture(scope="module")
-def ddp_slow(store):
-    return run(store, "ddp-slow", ranks=4, wrap="ddp", slow_ranks=[2], slow_ms=40)
+@pytest.fixture(scope="module", params=["1", "0"], ids=["compiled-hooks", "python-hooks"])
+def hooks(request):
+    """The DDP jobs run under the compiled process-group hooks (CI builds them) and under the Python ones."""
+    if request.param == "1" and native_hooks.built_path() is None:
+        pytest.skip("the compiled hooks are not built (python -m otel_instrumentation.native_hooks)")
+    saved = os.environ.get("JOBTRACE_NATIVE_HOOKS")
+    os.environ["JOBTRACE_NATIVE_HOOKS"] = request.param
+    yield request.param
+    if saved is None:
+        os.environ.pop("JOBTRACE_NATIVE_HOOKS", None)
+    else:
+        os.environ["JOBTRACE_NATIVE_HOOKS"] = saved
 
 
 @pytest.fixture(scope="module")
-def ddp_hang(store):
-    return run(store, "ddp-hang", ranks=4, wrap="ddp", hang_rank=1, hang_step=6)
+def ddp_slow(store, hooks):
+    return run(store, f"ddp-slow-{hooks}", ranks=4, wrap="ddp", slow_ranks=[2], slow_ms=40)
+
+
+@pytest.fixture(scope="module")
+def ddp_hang(store, hooks):
+    return run(store, f"ddp-hang-{hooks}", ranks=4, wrap="ddp", hang_rank=1, hang_step=6)
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +88,10 @@ def fsdp_hang(store):
 
 
 class TestDDP:
-    def test_the_reducers_bucketed_all_reduces_are_recorded_in_backward(self, store, ddp_slow):
+    def test_the_reducers_bucketed_all_reduces_are_recorded_in_backward(self, store, ddp_slow, hooks):
         rc, _ = ddp_slow
         assert rc == 0
-        spans = [e for e in collectives(store, "ddp-slow") if e["name"] == "all_reduce" and e.get("step") == 5]
+        spans = [e for e in collectives(store, f"ddp-slow-{hooks}") if e["name"] == "all_reduce" and e.get("step") == 5]
         by_rank: dict[int, list[dict]] = {}
         for e in spans:
             by_rank.setdefault(e["rank"], []).append(e)
