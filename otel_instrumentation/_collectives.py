@@ -179,6 +179,7 @@ class GroupHooks:
 
             names = getattr(getattr(c10d_c, "HookOpName", None), "__members__", None) or {}
             self._op_names = {int(v): k for k, v in names.items()}
+            self._ops = {code: _OPS.get(name, name.lower()) for code, name in self._op_names.items()}
             rec.step_end_hooks.append(self._step_ended)
             current = rec.current_span_id
             self._native.set_context_fn(lambda: (rec.step, current()))  # asked on this (the training) thread
@@ -430,17 +431,20 @@ class GroupHooks:
             if not got:
                 return 0
             self.resolve_groups()
-            ends = list(self._step_ends)
-            times = [e[0] for e in ends]
+            ends: list[tuple[int, int]] | None = None  # copied once, where a record needs its step by time
+            times: list[int] = []
             rec = self._rec
+            emit = rec.emit
             root = getattr(rec, "root_span_id", None)
+            groups = self._native_groups
+            ops = self._ops
+            last: tuple[Any, ...] | None = None
             for code, index, t0, t1, seq, p2p_seq, peer, nbytes, step, parent, async_only, error, asked in got:
                 try:
-                    group = self._native_groups[index]
+                    group = groups[index]
                     if not group.resolved:  # a group that ran collectives before c10d mapped it: as it stands
                         group.resolve(self._dist, self._c10d)
-                    name = self._op_names.get(code, "UNKNOWN")
-                    op = _OPS.get(name, name.lower())
+                    op = ops.get(code, "unknown")
                     if op in _P2P:
                         extra = {**group.extra, "p2p_seq": p2p_seq}
                         if peer >= 0:
@@ -448,14 +452,25 @@ class GroupHooks:
                         seq = None
                     else:
                         extra = group.extra
-                    if step is None and not asked:  # issued without the GIL: the step by time
+                    if step is None and not asked:  # issued off the training thread: the step by time
+                        if ends is None:
+                            ends = list(self._step_ends)
+                            times = [e[0] for e in ends]
                         i = bisect.bisect_left(times, t0)
                         step = ends[i][1] if i < len(ends) else rec.step
-                    more = {"async": True} if async_only else {"error": error} if error else None
-                    record = (getrandbits(64) or 1, parent or root, op, t0, step, seq, nbytes, extra)
-                    self._finish(group, record, t1, more)
+                    if async_only or error:
+                        extra = {**extra, **({"async": True} if async_only else {"error": error})}
+                    emit((_COLLECTIVE, getrandbits(64) or 1, parent or root, op, t0, t1, step, group.state, seq, nbytes,
+                          extra or None))
+                    if not error:
+                        last = (op, group.name, seq, t1)
                 except Exception:  # noqa: BLE001
                     self.errors += 1
+            if last is not None:
+                with self._lock:
+                    self.last_done = last
+                if last[3] > rec.last_progress_ns:
+                    rec.last_progress_ns = last[3]
             return len(got)
 
     # ---- for the heartbeat thread ------------------------------------------------------------
