@@ -117,7 +117,10 @@ class RankMetrics:
         step, dur = e.get("step"), int(e.get("dur") or 0)
         cat = e.get("cat")
         if cat == "collective" and isinstance(step, int) and not (e.get("attrs") or {}).get("async"):
-            self._comm_ns[step] = self._comm_ns.get(step, 0) + dur
+            if step == self.step:  # after its step's span: the compiled hooks' records follow it in a batch
+                self.collective_seconds = (self.collective_seconds or 0.0) + dur / 1e9
+            elif self.step is None or step > self.step:
+                self._comm_ns[step] = self._comm_ns.get(step, 0) + dur
         elif cat == "step" and isinstance(step, int):
             seconds = dur / 1e9
             self.step, self.step_seconds = step, seconds

@@ -46,3 +46,16 @@ def test_a_rank_that_ended_cleanly_has_no_heartbeat_age(tmp_path):
     ages = [s.labels["rank"] for f in collector.collect() if f.name == "jobtrace_heartbeat_age_seconds"
             for s in f.samples]
     assert done.stopped and not live.stopped and ages == ["0"]
+
+
+def test_collectives_written_after_their_steps_span_still_count_for_it():
+    """The compiled process-group hooks' records are drained into the batch after the step span they belong to;
+    a record of an older step than the last one seen is dropped, never added to the wrong step."""
+    r = RankMetrics("j", 0)
+    step(r, 0, 0.5)
+    for dur in (0.1, 0.05):
+        r.feed({"ts": 10, "kind": "span", "cat": "collective", "step": 0, "dur": int(dur * 1e9)})
+    assert r.collective_seconds == pytest.approx(0.15)
+    step(r, 1, 0.5, comm=0.2)  # in order again
+    r.feed({"ts": 11, "kind": "span", "cat": "collective", "step": 0, "dur": 10**9})  # late, for step 0
+    assert r.collective_seconds == pytest.approx(0.2)
