@@ -7,7 +7,6 @@ Elasticsearch facade. The embedded store's folder is never used: every command g
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import requests
 from click.testing import CliRunner
 
 from jobtrace.cli import main, trace_job
+from tests.demo_jobs import run_demo
 
 pytestmark = pytest.mark.torchjob
 pytest.importorskip("torch", reason="torch is part of the test dependencies (jobtrace[torch])")
@@ -26,21 +26,11 @@ HEALTHY = ("gold-a", "gold-b", "gold-c")
 @pytest.fixture(scope="module")
 def shipped(opensearch: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Four real jobs in OpenSearch: three healthy, one whose rank 1 is 20 ms slower a step."""
-    from jobtrace.demo import DemoConfig, run_job
-
-    data = tmp_path_factory.mktemp("golden-es")
-    saved = dict(os.environ)
-    for var in [v for v in os.environ if v.startswith("JOBTRACE_")]:
-        del os.environ[var]
-    os.environ.update(JOBTRACE_ES_URL=opensearch.url, JOBTRACE_ES_NAMESPACE="golden")
-    try:
-        for name in HEALTHY:
-            assert run_job(DemoConfig(job_id=name, data_dir=str(data), ranks=2, steps=16)) == 0
-        assert run_job(DemoConfig(job_id="gold-slow", data_dir=str(data), ranks=2, steps=16, slow_ranks=[1],
-                                  slow_ms=20)) == 0
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    data = str(tmp_path_factory.mktemp("golden-es"))
+    env = {"JOBTRACE_ES_URL": opensearch.url, "JOBTRACE_ES_NAMESPACE": "golden"}
+    for name in HEALTHY:
+        assert run_demo(env, job_id=name, data_dir=data, ranks=2, steps=16) == 0
+    assert run_demo(env, job_id="gold-slow", data_dir=data, ranks=2, steps=16, slow_ranks=[1], slow_ms=20) == 0
     requests.post(f"{opensearch.url}/*-jobtrace-*/_refresh", timeout=60).raise_for_status()
     return str(opensearch.url)
 

@@ -7,7 +7,6 @@ event with the embedded store, and ``trace-job`` on each must give the same repo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from kibana._document import from_document
 from queries import analyze, load_local
 from queries._analysis import AnalysisConfig
 from queries._elasticsearch import load_elasticsearch
+from tests import demo_jobs
 from tests.elasticsearch.conftest import (
     all_time,
     as_multiset,
@@ -35,17 +35,8 @@ torch = pytest.importorskip("torch", reason="torch is part of the test dependenc
 
 def run_demo(url: str, namespace: str, data_dir: Path, **cfg: Any) -> int:
     """``jobtrace.demo.run_job`` with the shipper switched on through the environment, as a user would."""
-    from jobtrace.demo import DemoConfig, run_job
-
-    saved = dict(os.environ)
-    for var in [v for v in os.environ if v.startswith("JOBTRACE_")]:
-        del os.environ[var]
-    os.environ.update(JOBTRACE_ES_URL=url, JOBTRACE_ES_NAMESPACE=namespace)
-    try:
-        return run_job(DemoConfig(data_dir=str(data_dir), **cfg))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    return demo_jobs.run_demo({"JOBTRACE_ES_URL": url, "JOBTRACE_ES_NAMESPACE": namespace}, data_dir=str(data_dir),
+                              **cfg)
 
 
 def replay_spools(url: str, data_dir: Path, job: str, namespace: str) -> int:

@@ -10,7 +10,6 @@ format) and reads the library back the same way; ``trace-job --backend loki --go
 from __future__ import annotations
 
 import json
-import os
 
 import orjson
 import pytest
@@ -19,6 +18,7 @@ from click.testing import CliRunner
 from jobtrace.cli import main, trace_job
 from loki import library as loki_library
 from queries import _golden_library
+from tests.demo_jobs import run_demo
 from tests.loki.fake_loki import FakeLoki, FakeLokiHTTP
 
 pytest.importorskip("torch", reason="the jobs are torch.distributed jobs")
@@ -29,22 +29,12 @@ HEALTHY = ("lk-gold-a", "lk-gold-b", "lk-gold-c")
 
 @pytest.fixture(scope="module")
 def loki(tmp_path_factory, push_pb2):
-    from jobtrace.demo import DemoConfig, run_job
-
     server = FakeLokiHTTP(FakeLoki(push_pb2=push_pb2))
-    data = tmp_path_factory.mktemp("golden-loki")
-    saved = dict(os.environ)
-    for var in [v for v in os.environ if v.startswith("JOBTRACE_")]:
-        del os.environ[var]
-    os.environ.update(JOBTRACE_LOKI_URL=server.url, JOBTRACE_LOCAL="0")
-    try:
-        for name in HEALTHY:
-            assert run_job(DemoConfig(job_id=name, data_dir=str(data), ranks=2, steps=16)) == 0
-        assert run_job(DemoConfig(job_id="lk-gold-slow", data_dir=str(data), ranks=2, steps=16, slow_ranks=[1],
-                                  slow_ms=20)) == 0
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    data = str(tmp_path_factory.mktemp("golden-loki"))
+    env = {"JOBTRACE_LOKI_URL": server.url, "JOBTRACE_LOCAL": "0"}
+    for name in HEALTHY:
+        assert run_demo(env, job_id=name, data_dir=data, ranks=2, steps=16) == 0
+    assert run_demo(env, job_id="lk-gold-slow", data_dir=data, ranks=2, steps=16, slow_ranks=[1], slow_ms=20) == 0
     yield server
     server.close()
 
