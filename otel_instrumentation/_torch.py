@@ -41,6 +41,7 @@ class CollectiveSource(Protocol):
 
     mode: str
     """``hooks`` or ``wrap``."""
+
     @property
     def compiled(self) -> bool:
         """Whether records wait in compiled hooks until :meth:`drain` (the export thread drains them)."""

@@ -388,8 +388,7 @@ def deviation_score(new: GoldenProfile, refs: Sequence[GoldenProfile], patterns:
     """
     cfg = cfg or AnalysisConfig()
     parts: list[dict[str, Any]] = []
-    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
-    phase_floor = PHASE_STEP_SHARE * statistics.median(step_ms) if step_ms else 0.0
+    phase_floor = _phase_floor(refs, PHASE_STEP_SHARE)
     for name, (rel, floor) in SCORE_SERIES.items():
         if name.endswith("_ms") and name != "step_ms":
             floor = max(floor, phase_floor)
@@ -426,6 +425,12 @@ def deviation_score(new: GoldenProfile, refs: Sequence[GoldenProfile], patterns:
     return round(sum(float(p["points"]) for p in parts), 2), parts
 
 
+def _phase_floor(refs: Sequence[GoldenProfile], share: float) -> float:
+    """``share`` of the references' median step time: the least a phase's departure counts for."""
+    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
+    return share * statistics.median(step_ms) if step_ms else 0.0
+
+
 def _held(z: list[float | None], persist: int) -> tuple[float, int, int] | None:
     """The highest z held ``persist`` steps in a row (the least of the best window), and the stretch of steps
     around that window where z stays above half of it."""
@@ -456,8 +461,7 @@ def rank_scores(new: GoldenProfile, refs: Sequence[GoldenProfile]) -> list[dict[
     is the sum over series of those at :data:`RANK_MIN_POINTS` or more. Ranks with a score, highest first."""
     out: list[dict[str, Any]] = []
     world = new.shape.get("world")
-    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
-    phase_floor = PHASE_STEP_SHARE * statistics.median(step_ms) if step_ms else 0.0
+    phase_floor = _phase_floor(refs, PHASE_STEP_SHARE)
     for rank, mine in new.ranks.items():
         parts: list[dict[str, Any]] = []
         for name, (rel, floor) in SCORE_SERIES.items():
@@ -609,8 +613,7 @@ def _series_findings(job: Any, new: GoldenProfile, refs: list[GoldenProfile], cf
     persist = cfg.golden_persist_steps
     names = ", ".join(f"'{r.name}'" for r in refs)
     out = []
-    step_ms = [m for r in refs if (m := r.median("step_ms")) is not None]
-    phase_floor = PHASE_BAND_SHARE * statistics.median(step_ms) if step_ms else 0.0
+    phase_floor = _phase_floor(refs, PHASE_BAND_SHARE)
     for name, (unit, abs_tol, rel_scale) in SERIES.items():
         if name.endswith("_ms") and name != "step_ms":
             abs_tol = max(abs_tol, phase_floor)

@@ -302,10 +302,9 @@ class LokiLibrary:
             [str(t0 + i), orjson.dumps(r).decode()] for i, r in enumerate(records)]}]})
         headers = {**self._reader.headers, "Content-Type": "application/json"}
         push = self._reader.base.rsplit("/api/v1", 1)[0] + "/api/v1/push"
-        response = read_request(self._reader.transport, Request("POST", push, body, headers), timeout_s=60.0,
-                                retries=4, backend="Loki", base=self._reader.base, credentials_hint=(
-                                    "JOBTRACE_LOKI_USERNAME/_PASSWORD/_TOKEN/_TENANT"), ok=(200, 204))
-        del response
+        read_request(self._reader.transport, Request("POST", push, body, headers), timeout_s=60.0, retries=4,
+                     backend="Loki", base=self._reader.base, ok=(200, 204),
+                     credentials_hint="JOBTRACE_LOKI_USERNAME/_PASSWORD/_TOKEN/_TENANT")
 
 
 def _pack(p: GoldenProfile) -> str:

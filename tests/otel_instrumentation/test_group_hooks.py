@@ -34,7 +34,7 @@ def job(request, tmp_path_factory):
     if recorder == "1":
         pytest.importorskip("jobtrace_native", reason="the compiled recorder is not built")
     if hooks == "1" and native_hooks.built_path() is None:
-        pytest.skip("the compiled hooks are not built (python -m otel_instrumentation.native_hooks; CI builds them)")
+        pytest.skip(reason="the compiled hooks are not built (python -m otel_instrumentation.native_hooks; CI builds them)")
     data = tmp_path_factory.mktemp("pg-hooks")
     env = dict(os.environ, JOBTRACE_ROOT=str(ROOT), JOBTRACE_DATA_DIR=str(data), JOBTRACE_JOB_ID="pg",
                JOBTRACE_NATIVE=recorder, JOBTRACE_NATIVE_HOOKS=hooks, OMP_NUM_THREADS="1")

@@ -57,7 +57,7 @@ def problems(report):
 def hooks(request):
     """The DDP jobs run under the compiled process-group hooks (CI builds them) and under the Python ones."""
     if request.param == "1" and native_hooks.built_path() is None:
-        pytest.skip("the compiled hooks are not built (python -m otel_instrumentation.native_hooks)")
+        pytest.skip(reason="the compiled hooks are not built (python -m otel_instrumentation.native_hooks)")
     saved = os.environ.get("JOBTRACE_NATIVE_HOOKS")
     os.environ["JOBTRACE_NATIVE_HOOKS"] = request.param
     yield request.param
