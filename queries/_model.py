@@ -58,7 +58,10 @@ class AnalysisConfig:
     one_off_min_ms: float = 100.0
     """…and at least this much longer is a one-off stall."""
     late_share: float = 0.5
-    """A rank that arrives last at a collective in at least this share of instances is a late arriver."""
+    """A rank that arrives last at a collective in at least this share of instances is a late arriver…"""
+    late_cost_share: float = 0.02
+    """…when the others' waits for it add up to at least this share of the job's time (a rank last by
+    2 ms at a 300 ms step is the scheduler's noise on a busy host, not a straggler to chase)."""
     # --- training health ----------------------------------------------------------------------
     spike_factor: float = 10.0
     """Megatron's rule: a loss above this many times the max |loss| of the last ``spike_window`` values."""

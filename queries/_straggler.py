@@ -243,6 +243,14 @@ def _longest_run(hits: list[int], steps: list[int]) -> list[int]:
     return best
 
 
+def _job_time_ns(ctx: AnalysisContext) -> float:
+    """The job's stepping time on its median rank (median step × steps); 0 where no steps are timed."""
+    timed = [r for r in ctx.ranks if r.get("step_ns") and r.get("n")]
+    if not timed:
+        return 0.0
+    return statistics.median(r["step_ns"] * r["n"] for r in timed)
+
+
 def late_arrival_findings(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
     """Ranks that arrive last at most collectives and that no other finding explains (``named`` are explained)."""
     cfg, late, by_rank = ctx.cfg, ctx.late, ctx.by_rank
@@ -250,18 +258,22 @@ def late_arrival_findings(ctx: AnalysisContext, named: set[int]) -> list[Finding
     if total < 10:  # too few collectives to call a habit
         return []
     thr = _late_threshold(cfg, late["ranks"])
+    job_ns = _job_time_ns(ctx)
     out = []
     for rank, lr in sorted(late["per_rank"].items()):
         share = lr["n_last"] / total
         if rank in named or share < thr or (lr["lead_ns"] or 0) < cfg.min_excess_ms * 1e6:
             continue
+        if job_ns and (lr["lead_total_ns"] or 0) < cfg.late_cost_share * job_ns:
+            continue  # last often, but the waits it causes are too small to matter
         node = by_rank[rank].node if rank in by_rank else ""
         out.append(Finding(
             "late_arrival", "warning",
             f"rank {rank} on node {node} arrives last at {lr['n_last']} of {total} collectives "
             f"({share:.0%}), {lr['lead_ns'] / 1e6:.1f} ms after the median rank (median); the others wait for it",
             [rank], [node], [], [], {"last_arrivals": lr["n_last"], "instances": total, "share": round(share, 3),
-                                     "late_ms": ms(lr["lead_ns"])},
+                                     "late_ms": ms(lr["lead_ns"]),
+                                     "imposed_wait_ms": ms(lr["lead_total_ns"])},
         ))
         if rank in by_rank:
             ctx.mark(rank, "late")

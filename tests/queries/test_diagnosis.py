@@ -48,6 +48,17 @@ class TestStragglers:
         assert all(p.score > 0.9 for p in report.per_rank if p.rank != 6)
         assert f.refs and all(r["rank"] == 6 and r["span_id"] for r in f.refs) and len(f.time_range) == 2
 
+    def test_a_rank_last_by_a_hair_is_not_a_late_arriver(self, tmp_path):
+        """Last at every collective by 1 % of the step (a busy host's scheduling) costs nothing worth naming;
+        5 % is a late arriver (both below the slow-rank factor)."""
+        hair = report_for(tmp_path, SynthJob(job_id="h", ranks=4, steps=60, compute_ms=300, jitter=0.002,
+                                             slow_ranks={1: 1.01}))
+        assert hair.healthy, [f.summary for f in hair.findings]
+        late = report_for(tmp_path, SynthJob(job_id="l", ranks=4, steps=60, compute_ms=300, jitter=0.002,
+                                             slow_ranks={1: 1.05}))
+        (f,) = by_kind(late, "late_arrival")
+        assert f.ranks == [1] and f.details["imposed_wait_ms"] > 0.02 * 60 * 300
+
     def test_all_ranks_of_a_node_slow_name_the_node_with_a_node_score(self, tmp_path):
         job = SynthJob(job_id="n", ranks=16, ranks_per_node=4, steps=40, slow_ranks={8: 1.6, 9: 1.6, 10: 1.6, 11: 1.6})
         report = report_for(tmp_path, job)

@@ -134,7 +134,7 @@ def test_hang_wavefront_from_heartbeats_and_from_flight_recorder_dumps(store):
 @pytest.fixture(scope="module")
 def reference(store):
     rc, report = run(store, "golden-ref", ranks=4)
-    assert rc == 0 and report.healthy
+    assert rc == 0 and report.healthy, [f.summary for f in report.findings]
     job = load_local(store, "golden-ref")
     analyze(job)
     return profile_job(job, "golden-ref")
