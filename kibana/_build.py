@@ -1,7 +1,7 @@
 """The one definition of jobtrace's saved objects, written out as NDJSON for each dashboards flavour.
 
-Run ``python -m kibana._build`` after changing this file; a test fails while the packaged
-files differ from what it generates.
+Run ``python -m kibana._build`` after changing this file (or ``_lens.py``, ``_legacy_vis.py``);
+a test fails while the packaged files differ from what it generates.
 
 Objects (fixed ids, so a second import overwrites instead of duplicating):
 
@@ -9,15 +9,19 @@ Objects (fixed ids, so a second import overwrites instead of duplicating):
   data streams), time field ``@timestamp``, ``event.duration`` shown in milliseconds;
 * saved searches: the job timeline; one trace; errors and NCCL timeouts by rank;
   stalled-rank heartbeats;
-* visualizations (aggregation-based, readable by both Kibana 8/9 and OpenSearch
-  Dashboards): step time per rank, slowest ranks, errors by node, loss and grad norm
-  over steps;
-* the dashboard ``jobtrace-dashboard`` with those panels and the timeline.
+* four charts: step time per rank, slowest ranks, errors by node, loss and grad norm over
+  steps. Kibana gets them as Lens visualisations (:mod:`._lens`); OpenSearch Dashboards,
+  which has no Lens, as aggregation-based visualizations (:mod:`._legacy_vis`);
+* the dashboard ``jobtrace-dashboard`` with those charts, the timeline, stalled ranks and
+  errors, and a job and a rank control on top: Kibana's options-list controls
+  (``controlGroupInput``), or an input-controls panel in OpenSearch Dashboards. Rank is
+  chained to job, so it offers that job's ranks.
 
-Choosing the job (or the trace): every search and the dashboard carry a *disabled*
-filter pill ``jobtrace.job: <job id>`` (``trace.id`` for the trace search). Edit its
-value and enable it, or add ``jobtrace.job:"<id>"`` to the query bar. Queries are
-Lucene syntax, which both Kibana and OpenSearch Dashboards run as a ``query_string``.
+Choosing the job: on the dashboard, with its job control. A saved search opened on its own
+(Discover) takes the job in its query bar: ``jobtrace.job:"<id>"``, and the trace search
+``trace.id:<id>``; ``trace-job``'s Discover links fill those in, escaped (``queries``). No
+object carries a job id, a placeholder or a disabled filter. Queries are Lucene syntax, which
+both Kibana and OpenSearch Dashboards run as a ``query_string``.
 
 Format differences handled here: Kibana 8.9+ objects carry ``coreMigrationVersion`` and
 ``typeMigrationVersion`` and name dashboard references ``<panelIndex>:panel_<panelIndex>``;
@@ -32,18 +36,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._legacy_vis import CONTROLS_VIS_ID, VISUALIZATIONS, controls_visualization, vis_state
+from ._lens import CONTROLS, LENS, LENS_TYPE_VERSION, control_group, control_references, lens_object
+
 DATA_VIEW_ID = "jobtrace-data-view"
 PATTERN = "*-jobtrace-*"
-JOB_PLACEHOLDER = "paste-a-job-id"
-TRACE_PLACEHOLDER = "paste-a-trace-id"
 
 ERRORS_QUERY = ('log.level:(ERROR OR CRITICAL OR FATAL) OR event.outcome:failure OR '
                 '(message:nccl AND message:(timeout OR "timed out" OR watchdog))')
 STALL_QUERY = "jobtrace.kind:heartbeat AND jobtrace.heartbeat.progress_age_ms:>=60000"
 STEP_QUERY = "jobtrace.span.category:step"
 METRIC_QUERY = "jobtrace.kind:metric"
+QUERIES = {"step": STEP_QUERY, "errors": ERRORS_QUERY, "metric": METRIC_QUERY}
 
-KIBANA_TYPE_VERSIONS = {"index-pattern": "8.0.0", "search": "8.0.0", "visualization": "8.5.0", "dashboard": "8.9.0"}
+KIBANA_TYPE_VERSIONS = {"index-pattern": "8.0.0", "search": "8.0.0", "lens": LENS_TYPE_VERSION,
+                        "dashboard": "8.9.0"}
 OSD_TYPE_VERSIONS = {"index-pattern": "7.6.0", "search": "7.9.3", "visualization": "7.10.0", "dashboard": "7.9.3"}
 
 
@@ -51,36 +58,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _phrase_filter(index_ref: str, key: str, value: str, *, disabled: bool, alias: str | None = None) -> dict[str, Any]:
-    return {
-        "meta": {"alias": alias, "negate": False, "disabled": disabled, "type": "phrase", "key": key,
-                 "params": {"query": value}, "indexRefName": index_ref},
-        "query": {"match_phrase": {key: value}},
-        "$state": {"store": "appState"},
-    }
-
-
-def _search_source(query: str, filters: list[dict[str, Any]], *, with_index: bool = True) -> str:
-    source: dict[str, Any] = {"query": {"query": query, "language": "lucene"}, "filter": filters}
+def _search_source(query: str, *, with_index: bool = True) -> str:
+    source: dict[str, Any] = {"query": {"query": query, "language": "lucene"}, "filter": []}
     if with_index:
         source["indexRefName"] = "kibanaSavedObjectMeta.searchSourceJSON.index"
     return _dumps(source)
 
 
-def _filter_refs(count: int) -> list[dict[str, str]]:
-    return [{"name": f"kibanaSavedObjectMeta.searchSourceJSON.filter[{i}].meta.index", "type": "index-pattern",
-             "id": DATA_VIEW_ID} for i in range(count)]
-
-
 _INDEX_REF = {"name": "kibanaSavedObjectMeta.searchSourceJSON.index", "type": "index-pattern", "id": DATA_VIEW_ID}
 
 
-def _job_filter(i: int = 0) -> dict[str, Any]:
-    return _phrase_filter(f"kibanaSavedObjectMeta.searchSourceJSON.filter[{i}].meta.index", "jobtrace.job",
-                          JOB_PLACEHOLDER, disabled=True, alias="job: edit me, then enable")
-
-
-# ---- objects, flavour-independent attributes --------------------------------------------------------------
+# ---- objects -------------------------------------------------------------------------------------------------
 def data_view() -> dict[str, Any]:
     formats = {"event.duration": {"id": "duration", "params": {"inputFormat": "nanoseconds",
                                                                 "outputFormat": "asMilliseconds",
@@ -93,141 +81,84 @@ def data_view() -> dict[str, Any]:
 
 SEARCHES: list[dict[str, Any]] = [
     {"id": "jobtrace-search-timeline", "title": "jobtrace: job timeline",
-     "description": "Every event of a job in time order: logs, spans, metrics, heartbeats. Set the job filter.",
+     "description": "Every event of a job in time order: logs, spans, metrics, heartbeats. On the dashboard, "
+                    "choose the job with its control; on its own, query jobtrace.job:\"<id>\".",
      "columns": ["jobtrace.rank", "host.name", "jobtrace.step", "jobtrace.kind", "jobtrace.span.name", "span.id",
                  "event.duration", "log.level", "message"],
-     "sort": [["@timestamp", "asc"]], "query": "", "filters": "job"},
+     "sort": [["@timestamp", "asc"]], "query": ""},
     {"id": "jobtrace-search-trace", "title": "jobtrace: one trace",
-     "description": "Spans and logs of one trace (the job's trace.id); set the trace.id filter.",
+     "description": "Spans and logs of one trace (the job's trace.id): add AND trace.id:<id> to the query.",
      "columns": ["jobtrace.rank", "jobtrace.span.category", "jobtrace.span.name", "span.id", "jobtrace.parent_id",
                  "event.start", "event.duration", "message"],
-     "sort": [["@timestamp", "asc"]], "query": "jobtrace.kind:(span OR log)", "filters": "trace"},
+     "sort": [["@timestamp", "asc"]], "query": "jobtrace.kind:(span OR log)"},
     {"id": "jobtrace-search-errors", "title": "jobtrace: errors and NCCL timeouts by rank",
      "description": "ERROR/CRITICAL logs, failed collectives and NCCL watchdog timeouts, by rank.",
      "columns": ["jobtrace.rank", "host.name", "jobtrace.step", "log.level", "log.logger", "message",
                  "jobtrace.collective.op", "jobtrace.collective.error"],
-     "sort": [["jobtrace.rank", "asc"], ["@timestamp", "asc"]], "query": ERRORS_QUERY, "filters": "job"},
+     "sort": [["jobtrace.rank", "asc"], ["@timestamp", "asc"]], "query": ERRORS_QUERY},
     {"id": "jobtrace-search-stalls", "title": "jobtrace: stalled-rank heartbeats",
      "description": "Heartbeats of ranks without progress for 60 s or more (edit the threshold in the query): "
                     "what each rank was doing.",
      "columns": ["jobtrace.rank", "host.name", "jobtrace.step", "jobtrace.heartbeat.progress_age_ms",
                  "jobtrace.heartbeat.in_span", "jobtrace.heartbeat.in_op", "jobtrace.heartbeat.in_seq"],
-     "sort": [["@timestamp", "desc"]], "query": STALL_QUERY, "filters": "job"},
+     "sort": [["@timestamp", "desc"]], "query": STALL_QUERY},
 ]
 
-
-def _axes(title: str, *, right: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    category = [{"id": "CategoryAxis-1", "type": "category", "position": "bottom", "show": True, "style": {},
-                 "scale": {"type": "linear"}, "labels": {"show": True, "filter": True, "truncate": 100}, "title": {}}]
-    values = [{"id": "ValueAxis-1", "name": "LeftAxis-1", "type": "value", "position": "left", "show": True,
-               "style": {}, "scale": {"type": "linear", "mode": "normal"},
-               "labels": {"show": True, "rotate": 0, "filter": False, "truncate": 100}, "title": {"text": title}}]
-    if right:
-        values.append({"id": "ValueAxis-2", "name": "RightAxis-1", "type": "value", "position": "right",
-                       "show": True, "style": {}, "scale": {"type": "linear", "mode": "normal"},
-                       "labels": {"show": True, "rotate": 0, "filter": False, "truncate": 100},
-                       "title": {"text": right}})
-    return category, values
-
-
-def _xy_params(kind: str, series: list[tuple[str, str, str]], title: str, right: str | None = None) -> dict[str, Any]:
-    category, values = _axes(title, right=right)
-    return {
-        "type": kind, "grid": {"categoryLines": False}, "categoryAxes": category, "valueAxes": values,
-        "seriesParams": [{"show": True, "type": "line" if kind == "line" else "histogram",
-                          "mode": "normal" if kind == "line" else "stacked", "data": {"label": label, "id": agg_id},
-                          "valueAxis": axis, "drawLinesBetweenPoints": True, "lineWidth": 2, "showCircles": True,
-                          "interpolate": "linear"} for agg_id, label, axis in series],
-        "addTooltip": True, "addLegend": True, "legendPosition": "right", "times": [], "addTimeMarker": False,
-        "thresholdLine": {"show": False, "value": 10, "width": 1, "style": "full", "color": "#E7664C"},
-        "labels": {"show": False},
-    }
-
-
-def _agg(id_: str, type_: str, schema: str, **params: Any) -> dict[str, Any]:
-    return {"id": id_, "enabled": True, "type": type_, "schema": schema, "params": params}
-
-
-VISUALIZATIONS: list[dict[str, Any]] = [
-    {"id": "jobtrace-vis-step-time", "title": "jobtrace: step time per rank", "query": STEP_QUERY,
-     "description": "Mean step span duration per step, one line per rank (the 20 slowest).",
-     "vis": {"type": "line", "aggs": [
-         _agg("1", "avg", "metric", field="event.duration", customLabel="step time"),
-         _agg("2", "histogram", "segment", field="jobtrace.step", interval=1, min_doc_count=False,
-              extended_bounds={}, customLabel="step"),
-         _agg("3", "terms", "group", field="jobtrace.rank", size=20, order="desc", orderBy="1",
-              otherBucket=False, missingBucket=False, customLabel="rank")],
-         "params": _xy_params("line", [("1", "step time", "ValueAxis-1")], "step time (ns)")}},
-    {"id": "jobtrace-vis-slowest-ranks", "title": "jobtrace: slowest ranks", "query": STEP_QUERY,
-     "description": "Ranks by mean step time, slowest first, with their node.",
-     "vis": {"type": "table", "aggs": [
-         _agg("1", "avg", "metric", field="event.duration", customLabel="mean step time"),
-         _agg("2", "max", "metric", field="event.duration", customLabel="max step time"),
-         _agg("3", "count", "metric", customLabel="steps"),
-         _agg("4", "terms", "bucket", field="jobtrace.rank", size=10, order="desc", orderBy="1",
-              otherBucket=False, missingBucket=False, customLabel="rank"),
-         _agg("5", "terms", "bucket", field="host.name", size=1, order="desc", orderBy="_count",
-              otherBucket=False, missingBucket=False, customLabel="node")],
-         "params": {"perPage": 10, "showPartialRows": False, "showMetricsAtAllLevels": False, "showTotal": False,
-                    "totalFunc": "sum", "percentageCol": ""}}},
-    {"id": "jobtrace-vis-errors-by-node", "title": "jobtrace: errors by node", "query": ERRORS_QUERY,
-     "description": "Errors, failed collectives and NCCL timeouts per node.",
-     "vis": {"type": "histogram", "aggs": [
-         _agg("1", "count", "metric", customLabel="errors"),
-         _agg("2", "terms", "segment", field="host.name", size=50, order="desc", orderBy="1",
-              otherBucket=True, otherBucketLabel="other nodes", missingBucket=False, customLabel="node")],
-         "params": _xy_params("histogram", [("1", "errors", "ValueAxis-1")], "errors")}},
-    {"id": "jobtrace-vis-loss", "title": "jobtrace: loss and grad norm over steps", "query": METRIC_QUERY,
-     "description": "Mean loss (left axis) and gradient norm (right axis) over ranks, per step. NaN/Inf values "
-                    "are in jobtrace.nonfinite.*, not in these averages.",
-     "vis": {"type": "line", "aggs": [
-         _agg("1", "avg", "metric", field="jobtrace.metrics.loss", customLabel="loss"),
-         _agg("2", "avg", "metric", field="jobtrace.metrics.grad_norm", customLabel="grad norm"),
-         _agg("3", "histogram", "segment", field="jobtrace.step", interval=1, min_doc_count=False,
-              extended_bounds={}, customLabel="step")],
-         "params": _xy_params("line", [("1", "loss", "ValueAxis-1"), ("2", "grad norm", "ValueAxis-2")], "loss",
-                              right="grad norm")}},
+# Panels on Kibana's 48-column grid: (chart key, x, y, w, h); charts by key, then the searches.
+CHARTS = {"step-time": ("jobtrace-lens-step-time", "jobtrace-vis-step-time"),
+          "slowest-ranks": ("jobtrace-lens-slowest-ranks", "jobtrace-vis-slowest-ranks"),
+          "loss": ("jobtrace-lens-loss", "jobtrace-vis-loss"),
+          "errors-by-node": ("jobtrace-lens-errors-by-node", "jobtrace-vis-errors-by-node")}
+PANELS: list[tuple[str, int, int, int, int]] = [
+    ("step-time", 0, 0, 32, 15),
+    ("slowest-ranks", 32, 0, 16, 15),
+    ("loss", 0, 15, 32, 15),
+    ("errors-by-node", 32, 15, 16, 15),
+    ("jobtrace-search-timeline", 0, 30, 48, 20),
+    ("jobtrace-search-stalls", 0, 50, 24, 15),
+    ("jobtrace-search-errors", 24, 50, 24, 15),
 ]
-
-PANELS = [  # (object id, type, x, y, w, h) on Kibana's 48-column grid
-    ("jobtrace-vis-step-time", "visualization", 0, 0, 32, 15),
-    ("jobtrace-vis-slowest-ranks", "visualization", 32, 0, 16, 15),
-    ("jobtrace-vis-loss", "visualization", 0, 15, 32, 15),
-    ("jobtrace-vis-errors-by-node", "visualization", 32, 15, 16, 15),
-    ("jobtrace-search-timeline", "search", 0, 30, 48, 20),
-    ("jobtrace-search-stalls", "search", 0, 50, 24, 15),
-    ("jobtrace-search-errors", "search", 24, 50, 24, 15),
-]
+CONTROLS_PANEL_HEIGHT = 5  # OpenSearch Dashboards: the input-controls panel above the others
 
 
 def _search_object(spec: dict[str, Any], flavour: str) -> dict[str, Any]:
-    if spec["filters"] == "trace":
-        filters = [_phrase_filter("kibanaSavedObjectMeta.searchSourceJSON.filter[0].meta.index", "trace.id",
-                                  TRACE_PLACEHOLDER, disabled=True, alias="trace.id: edit me, then enable")]
-    else:
-        filters = [_job_filter()]
     attrs: dict[str, Any] = {"title": spec["title"], "description": spec["description"], "columns": spec["columns"],
                              "sort": spec["sort"],
-                             "kibanaSavedObjectMeta": {"searchSourceJSON": _search_source(spec["query"], filters)}}
+                             "kibanaSavedObjectMeta": {"searchSourceJSON": _search_source(spec["query"])}}
     if flavour == "kibana":
         attrs.update(grid={}, hideChart=False, isTextBasedQuery=False, timeRestore=False)
     else:
         attrs.update(hits=0, version=1)
-    return {"id": spec["id"], "type": "search", "attributes": attrs,
-            "references": [_INDEX_REF, *_filter_refs(len(filters))]}
+    return {"id": spec["id"], "type": "search", "attributes": attrs, "references": [_INDEX_REF]}
 
 
 def _vis_object(spec: dict[str, Any]) -> dict[str, Any]:
-    vis = {"title": spec["title"], **spec["vis"]}
     return {"id": spec["id"], "type": "visualization", "references": [_INDEX_REF], "attributes": {
-        "title": spec["title"], "description": spec["description"], "visState": _dumps(vis), "uiStateJSON": "{}",
-        "version": 1, "kibanaSavedObjectMeta": {"searchSourceJSON": _search_source(spec["query"], [])}}}
+        "title": spec["title"], "description": spec["description"], "visState": _dumps(vis_state(spec)),
+        "uiStateJSON": "{}", "version": 1,
+        "kibanaSavedObjectMeta": {"searchSourceJSON": _search_source(QUERIES[spec["query_key"]])}}}
+
+
+def _panel_list(flavour: str) -> list[tuple[str, str, int, int, int, int]]:
+    """``(object id, type, x, y, w, h)`` of every dashboard panel for ``flavour``."""
+    kibana = flavour == "kibana"
+    out: list[tuple[str, str, int, int, int, int]] = []
+    if not kibana:
+        out.append((CONTROLS_VIS_ID, "visualization", 0, 0, 48, CONTROLS_PANEL_HEIGHT))
+    dy = 0 if kibana else CONTROLS_PANEL_HEIGHT
+    for key, x, y, w, h in PANELS:
+        if key in CHARTS:
+            obj_id, type_ = (CHARTS[key][0], "lens") if kibana else (CHARTS[key][1], "visualization")
+        else:
+            obj_id, type_ = key, "search"
+        out.append((obj_id, type_, x, y + dy, w, h))
+    return out
 
 
 def _dashboard(flavour: str) -> dict[str, Any]:
     panels: list[dict[str, Any]] = []
     refs: list[dict[str, str]] = []
-    for n, (obj_id, type_, x, y, w, h) in enumerate(PANELS):
+    for n, (obj_id, type_, x, y, w, h) in enumerate(_panel_list(flavour)):
         index = f"p{n + 1}" if flavour == "kibana" else str(n + 1)
         ref_name = f"panel_{index}" if flavour == "kibana" else f"panel_{n}"
         panel: dict[str, Any] = {"gridData": {"x": x, "y": y, "w": w, "h": h, "i": index}, "panelIndex": index,
@@ -240,23 +171,31 @@ def _dashboard(flavour: str) -> dict[str, Any]:
             panel.update(version="7.10.0", embeddableConfig={})
             refs.append({"name": ref_name, "type": type_, "id": obj_id})
         panels.append(panel)
-    filters = [_job_filter()]
-    return {"id": "jobtrace-dashboard", "type": "dashboard", "references": refs + _filter_refs(len(filters)),
-            "attributes": {
-                "title": "jobtrace: training job", "version": 1, "timeRestore": False,
-                "description": "One distributed training job: per-rank step time, slowest ranks, loss and grad norm, "
-                               "errors by node, the timeline and stalled ranks. Set the job filter (top left).",
-                "panelsJSON": _dumps(panels),
-                "optionsJSON": _dumps({"useMargins": True, "syncColors": False, "hidePanelTitles": False}),
-                "kibanaSavedObjectMeta": {"searchSourceJSON": _search_source("", filters, with_index=False)}}}
+    attrs: dict[str, Any] = {
+        "title": "jobtrace: training job", "version": 1, "timeRestore": False,
+        "description": "One distributed training job: per-rank step time, slowest ranks, loss and grad norm, "
+                       "errors by node, the timeline and stalled ranks. Choose the job (and ranks) with the "
+                       "controls at the top.",
+        "panelsJSON": _dumps(panels),
+        "optionsJSON": _dumps({"useMargins": True, "syncColors": False, "hidePanelTitles": False}),
+        "kibanaSavedObjectMeta": {"searchSourceJSON": _search_source("", with_index=False)}}
+    if flavour == "kibana":
+        attrs["controlGroupInput"] = control_group()
+        refs += control_references(DATA_VIEW_ID)
+    return {"id": "jobtrace-dashboard", "type": "dashboard", "references": refs, "attributes": attrs}
 
 
 def build(flavour: str) -> list[dict[str, Any]]:
     """The saved objects for ``kibana`` or ``opensearch-dashboards``, in import order."""
     if flavour not in ("kibana", "opensearch-dashboards"):
         raise ValueError(flavour)
-    objects = [data_view(), *(_search_object(s, flavour) for s in SEARCHES), *(_vis_object(v) for v in VISUALIZATIONS),
-               _dashboard(flavour)]
+    objects = [data_view(), *(_search_object(s, flavour) for s in SEARCHES)]
+    if flavour == "kibana":
+        objects += [lens_object(spec, QUERIES[spec["query_key"]], DATA_VIEW_ID) for spec in LENS]
+    else:
+        objects += [_vis_object(v) for v in VISUALIZATIONS]
+        objects.append(controls_visualization(CONTROLS, DATA_VIEW_ID, _search_source("", with_index=False)))
+    objects.append(_dashboard(flavour))
     out = []
     for obj in objects:
         if flavour == "kibana":

@@ -3,14 +3,20 @@
 No Kibana or OpenSearch Dashboards runs here, so the import itself is checked against the
 documented API (``POST /api/saved_objects/_import``: multipart ``file`` field, ``kbn-xsrf``
 or ``osd-xsrf`` header, ``{success, successCount, errors}`` answer) with a small fake,
-while every query and aggregation the objects carry is run on the real OpenSearch node.
+while every query the objects carry, every chart's aggregations (Lens layers as Kibana's
+esaggs nests them, legacy ``visState``) and every job/rank control is run on the real
+OpenSearch node, with the dashboard's controls set as a user would; a chart's table is
+compared with the one computed here from the job's events. The published formats
+themselves are checked in ``test_saved_object_shapes.py``.
 """
 
 from __future__ import annotations
 
 import email.policy
 import json
+import math
 import re
+import statistics
 import threading
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,14 +46,28 @@ def search_source(obj: dict[str, Any]) -> dict[str, Any]:
     return json.loads(obj["attributes"]["kibanaSavedObjectMeta"]["searchSourceJSON"])
 
 
+def lens_layers(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj["attributes"]["state"]["datasourceStates"]["formBased"]["layers"])
+
+
+def saved_query(obj: dict[str, Any]) -> str:
+    """The Lucene query an object carries: in its search source, or in its Lens state."""
+    if obj["type"] == "lens":
+        query = obj["attributes"]["state"]["query"]
+    else:
+        query = search_source(obj)["query"]
+    assert "lucene" == query["language"]
+    return str(query["query"])
+
+
 # ---- format --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_the_files_are_valid_ndjson_of_saved_objects(flavour):
     raw = kibana.saved_objects(flavour)
     assert raw.endswith(b"\n") and b"\n\n" not in raw
     objs = objects(flavour)
-    assert ["index-pattern", "search", "search", "search", "search", "visualization", "visualization",
-            "visualization", "visualization", "dashboard"] == [o["type"] for o in objs]
+    charts = ["lens"] * 4 if flavour == "kibana" else ["visualization"] * 5  # OSD: + the input controls
+    assert ["index-pattern", "search", "search", "search", "search", *charts, "dashboard"] == [o["type"] for o in objs]
     assert len({o["id"] for o in objs}) == len(objs)
     for obj in objs:
         assert {"id", "type", "attributes", "references"} <= set(obj)
@@ -78,13 +98,21 @@ def test_every_reference_resolves_and_every_ref_name_is_declared(flavour):
         for ref in obj["references"]:
             assert (ref["type"], ref["id"]) in present, (obj["id"], ref)
         used: set[str] = set()
-        if "kibanaSavedObjectMeta" in obj["attributes"]:
+        attrs = obj["attributes"]
+        if "kibanaSavedObjectMeta" in attrs:
             source = search_source(obj)
             if "indexRefName" in source:
                 used.add(source["indexRefName"])
             used |= {f["meta"]["indexRefName"] for f in source["filter"]}
+        if obj["type"] == "lens":
+            used |= {f"indexpattern-datasource-layer-{layer}" for layer in lens_layers(obj)}
+        if "visState" in attrs:
+            used |= {c["indexPatternRefName"] for c in json.loads(attrs["visState"])["params"].get("controls", [])}
+        if "controlGroupInput" in attrs:
+            used |= {f"controlGroup_{cid}:optionsListDataView"
+                     for cid in json.loads(attrs["controlGroupInput"]["panelsJSON"])}
         if obj["type"] == "dashboard":
-            for panel in json.loads(obj["attributes"]["panelsJSON"]):
+            for panel in json.loads(attrs["panelsJSON"]):
                 used.add(f"{panel['panelIndex']}:{panel['panelRefName']}" if flavour == "kibana"
                          else panel["panelRefName"])
                 assert panel["gridData"]["i"] == panel["panelIndex"]
@@ -116,7 +144,15 @@ def fields_used(obj: dict[str, Any]) -> set[str]:
         used.add(attrs["timeFieldName"])
         used |= set(json.loads(attrs["fieldFormatMap"]))
     if "visState" in attrs:
-        used |= {a["params"]["field"] for a in json.loads(attrs["visState"])["aggs"] if "field" in a["params"]}
+        vis = json.loads(attrs["visState"])
+        used |= {a["params"]["field"] for a in vis["aggs"] if "field" in a["params"]}
+        used |= {c["fieldName"] for c in vis["params"].get("controls", [])}
+    if obj["type"] == "lens":
+        used |= {c["sourceField"] for layer in lens_layers(obj).values() for c in layer["columns"].values()
+                 if c["sourceField"] != "___records___"}
+        used |= set(re.findall(r"([A-Za-z_@][\w.@]*):", saved_query(obj)))
+    if "controlGroupInput" in attrs:
+        used |= {p["explicitInput"]["fieldName"] for p in json.loads(attrs["controlGroupInput"]["panelsJSON"]).values()}
     if "kibanaSavedObjectMeta" in attrs:
         source = search_source(obj)
         used |= set(re.findall(r"([A-Za-z_@][\w.@]*):", source["query"]["query"]))
@@ -137,6 +173,7 @@ def test_every_field_used_exists_in_the_index_template_mapping(flavour):
 
 # ---- the queries, for real -------------------------------------------------------------------------------
 JOB = "saved-objects-job"
+OTHER_JOB = "saved-objects-other-job"
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +201,8 @@ def dataset(opensearch, tmp_path_factory):
          "msg": "nccl initialised fine", "step": 0},
     ]
     lines += [orjson.dumps(e) + b"\n" for e in extra]
+    _, other = synth_lines(tmp / "other", job_id=OTHER_JOB, ranks=3, steps=2, ranks_per_node=3)
+    lines += other  # another job in the same data stream: the job control must keep it out
     ship(opensearch.url, lines, tmp / "spool", namespace="saved")
     refresh(opensearch.url)
     return {"events": [(orjson.loads(x), doc_id(x)) for x in lines], "trace": base["trace_id"]}
@@ -176,42 +215,82 @@ def is_error(ev: dict[str, Any]) -> bool:
         ("nccl" in words and "timed out" in (ev.get("msg") or "").lower())
 
 
-EXPECTED = {
+def is_step(ev: dict[str, Any]) -> bool:
+    return bool(ev["kind"] == "span" and ev.get("cat") == "step")
+
+
+def is_metric(ev: dict[str, Any]) -> bool:
+    return bool(ev["kind"] == "metric")
+
+
+EXPECTED = {  # which of the job's events each object selects
     "jobtrace-search-timeline": lambda ev: True,
     "jobtrace-search-trace": lambda ev: ev["kind"] in ("span", "log"),
     "jobtrace-search-errors": is_error,
     "jobtrace-search-stalls": lambda ev: ev["kind"] == "heartbeat" and (ev.get("attrs") or {}).get(
         "progress_age_ms", 0) >= 60000,
-    "jobtrace-vis-step-time": lambda ev: ev["kind"] == "span" and ev.get("cat") == "step",
-    "jobtrace-vis-slowest-ranks": lambda ev: ev["kind"] == "span" and ev.get("cat") == "step",
-    "jobtrace-vis-errors-by-node": is_error,
-    "jobtrace-vis-loss": lambda ev: ev["kind"] == "metric",
+    "jobtrace-lens-step-time": is_step, "jobtrace-vis-step-time": is_step,
+    "jobtrace-lens-slowest-ranks": is_step, "jobtrace-vis-slowest-ranks": is_step,
+    "jobtrace-lens-errors-by-node": is_error, "jobtrace-vis-errors-by-node": is_error,
+    "jobtrace-lens-loss": is_metric, "jobtrace-vis-loss": is_metric,
     "jobtrace-dashboard": lambda ev: True,
 }
+# What a user picks: the job alone, or the job and two ranks (rank is chained to the job)
+SELECTIONS = {"job": {"jobtrace.job": [JOB]}, "job-and-ranks": {"jobtrace.job": [JOB], "jobtrace.rank": [2, 3]}}
 
 
-def runnable_query(obj: dict[str, Any], values: dict[str, str], flavour: str = "kibana") -> dict[str, Any]:
-    """What Kibana sends for this object once the user filled in and enabled its filter pills.
+def dashboard(flavour: str) -> dict[str, Any]:
+    return next(o for o in objects(flavour) if o["type"] == "dashboard")
 
-    A visualization has no filter of its own: on the dashboard it gets the dashboard's (the job).
-    """
-    source = search_source(obj)
-    filters = list(source["filter"])
-    if obj["type"] == "visualization":
-        dashboard = next(o for o in objects(flavour) if o["type"] == "dashboard")
-        filters += search_source(dashboard)["filter"]
+
+def control_fields(flavour: str) -> list[str]:
+    """The fields of the dashboard's controls, in their order."""
+    attrs = dashboard(flavour)["attributes"]
+    if flavour == "kibana":
+        panels = json.loads(attrs["controlGroupInput"]["panelsJSON"]).values()
+        return [p["explicitInput"]["fieldName"] for p in sorted(panels, key=lambda p: p["order"])]
+    vis = [json.loads(o["attributes"]["visState"]) for o in objects(flavour) if o["type"] == "visualization"]
+    (controls,) = [v for v in vis if v["type"] == "input_control_vis"]
+    return [c["fieldName"] for c in controls["params"]["controls"]]
+
+
+def on_dashboard(flavour: str) -> set[str]:
+    dash = dashboard(flavour)
+    refs = {r["name"]: r["id"] for r in dash["references"]}
+    names = [f"{p['panelIndex']}:{p['panelRefName']}" if flavour == "kibana" else p["panelRefName"]
+             for p in json.loads(dash["attributes"]["panelsJSON"])]
+    return {refs[n] for n in names} | {dash["id"]}
+
+
+def control_filters(flavour: str, selection: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The filters Kibana (or OSD) adds for the controls' choices: a ``phrase`` filter, or ``phrases`` for several."""
+    out: list[dict[str, Any]] = []
+    for field in control_fields(flavour):
+        values = selection.get(field) or []
+        if len(values) == 1:
+            out.append({"match_phrase": {field: values[0]}})
+        elif values:
+            out.append({"bool": {"should": [{"match_phrase": {field: v}} for v in values], "minimum_should_match": 1}})
+    return out
+
+
+def runnable_query(flavour: str, obj: dict[str, Any], selection: dict[str, list[Any]], trace: str) -> dict[str, Any]:
+    """What the UI sends for ``obj``: on the dashboard with the controls set, or (the trace search) in Discover
+    with ``AND trace.id:<id>`` typed into its query bar, as its description says."""
+    query = "" if obj["type"] == "dashboard" else saved_query(obj)
     clauses: list[dict[str, Any]] = []
-    if source["query"]["query"]:
-        clauses.append({"query_string": {"query": source["query"]["query"], "analyze_wildcard": True}})
-    for f in filters:
-        key = f["meta"]["key"]
-        assert f["meta"]["disabled"] and f["meta"]["params"]["query"] in (_build.JOB_PLACEHOLDER,
-                                                                          _build.TRACE_PLACEHOLDER)
-        clauses.append({"match_phrase": {key: values[key]}})
+    if obj["id"] in on_dashboard(flavour):
+        clauses += control_filters(flavour, selection)
+    else:
+        assert "trace.id" in obj["attributes"]["description"]
+        query = f"({query}) AND trace.id:{trace}"
+    if query:
+        clauses.append({"query_string": {"query": query, "analyze_wildcard": True}})
     return {"bool": {"filter": clauses}}
 
 
 def vis_aggs(vis: dict[str, Any]) -> dict[str, Any]:
+    """A legacy (``visState``) visualisation's aggregations as OpenSearch Dashboards nests them."""
     metrics = {a["id"]: {a["type"]: {"field": a["params"]["field"]}} for a in vis["aggs"]
                if a["schema"] == "metric" and a["type"] != "count"}
     inner: dict[str, Any] = dict(metrics)
@@ -228,27 +307,158 @@ def vis_aggs(vis: dict[str, Any]) -> dict[str, Any]:
     return inner
 
 
-@pytest.mark.parametrize("obj_id", sorted(EXPECTED))
-def test_each_saved_query_runs_on_opensearch_and_returns_the_expected_documents(opensearch, dataset, obj_id):
-    obj = next(o for o in objects("kibana") if o["id"] == obj_id)
-    osd = next(o for o in objects("opensearch-dashboards") if o["id"] == obj_id)
-    assert search_source(obj)["query"] == search_source(osd)["query"]
-    query = runnable_query(obj, {"jobtrace.job": JOB, "trace.id": dataset["trace"]})
-    body: dict[str, Any] = {"size": 10_000, "query": query, "_source": ["event.id"]}
+LENS_METRICS = {"average": "avg", "max": "max", "min": "min", "sum": "sum"}
+
+
+def lens_aggs(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+    """A Lens layer as the aggregations Kibana's esaggs sends: the bucket columns nested in ``columnOrder``,
+    the metrics under each level (a terms column is ordered by one); histograms of interval 1 (a step)."""
+    (layer,) = lens_layers(obj).values()
+    cols = layer["columns"]
+    metrics = {cid: {LENS_METRICS[c["operationType"]]: {"field": c["sourceField"]}} for cid, c in cols.items()
+               if not c["isBucketed"] and c["operationType"] != "count"}
+    buckets = [cid for cid in layer["columnOrder"] if cols[cid]["isBucketed"]]
+    inner: dict[str, Any] = dict(metrics)
+    for cid in reversed(buckets):
+        c, p = cols[cid], cols[cid]["params"]
+        if c["operationType"] == "terms":
+            order = p["orderBy"]
+            key = "_key" if order["type"] == "alphabetical" else (
+                "_count" if cols[order["columnId"]]["operationType"] == "count" else order["columnId"])
+            body: dict[str, Any] = {"terms": {"field": c["sourceField"], "size": p["size"],
+                                              "order": {key: p["orderDirection"]}}}
+        else:
+            assert ("range", "histogram") == (c["operationType"], p["type"])
+            body = {"histogram": {"field": c["sourceField"], "interval": 1, "min_doc_count": 1}}
+        body["aggs"] = {**metrics, **inner}
+        inner = {cid: body}
+    return inner, buckets, cols
+
+
+def tabify(aggs: dict[str, Any], buckets: list[str], cols: dict[str, Any]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The response as Lens's table: one row per bucket path, keyed by the bucket keys."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def walk(level: dict[str, Any], depth: int, path: tuple[Any, ...]) -> None:
+        if depth == len(buckets):
+            rows[path] = {cid: (level["doc_count"] if c["operationType"] == "count" else level[cid]["value"])
+                          for cid, c in cols.items() if not c["isBucketed"]}
+            return
+        for b in level[buckets[depth]]["buckets"]:
+            walk(b, depth + 1, (*path, b["key"]))
+
+    walk(aggs, 0, ())
+    return rows
+
+
+EVENT_FIELDS = {  # the ECS field a chart reads -> that value in a jobtrace event line
+    "jobtrace.rank": lambda ev: ev.get("rank"), "host.name": lambda ev: ev.get("node"),
+    "jobtrace.step": lambda ev: ev.get("step"), "event.duration": lambda ev: ev.get("dur"),
+    "jobtrace.metrics.loss": lambda ev: (ev.get("metrics") or {}).get("loss"),
+    "jobtrace.metrics.grad_norm": lambda ev: (ev.get("metrics") or {}).get("grad_norm"),
+}
+
+
+def expected_table(events: list[dict[str, Any]], buckets: list[str], cols: dict[str, Any]) -> dict[Any, Any]:
+    """The same table computed here from the events themselves."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for ev in events:
+        path = tuple(EVENT_FIELDS[cols[b]["sourceField"]](ev) for b in buckets)
+        if None not in path:
+            groups.setdefault(path, []).append(ev)
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for path, evs in groups.items():
+        row: dict[str, Any] = {}
+        for cid, c in cols.items():
+            if c["isBucketed"]:
+                continue
+            if c["operationType"] == "count":
+                row[cid] = len(evs)
+                continue
+            values = [v for v in (EVENT_FIELDS[c["sourceField"]](e) for e in evs)
+                      if isinstance(v, (int, float)) and math.isfinite(v)]
+            row[cid] = None if not values else {"average": statistics.fmean, "max": max, "min": min,
+                                                "sum": sum}[c["operationType"]](values)
+        out[path] = row
+    return out
+
+
+# (flavour, object, selection); an object opened on its own (the trace search) has no rank control
+CASES = [(f, o["id"], sel) for f in FLAVOURS for o in objects(f) if o["id"] in EXPECTED for sel in sorted(SELECTIONS)
+         if sel == "job" or o["id"] in on_dashboard(f)]
+
+
+@pytest.mark.parametrize("flavour,obj_id,selection", CASES)
+def test_each_saved_query_runs_on_opensearch_and_returns_the_expected_documents(opensearch, dataset, flavour, obj_id,
+                                                                                selection):
+    obj = next(o for o in objects(flavour) if o["id"] == obj_id)
+    chosen = SELECTIONS[selection]
+    body: dict[str, Any] = {"size": 10_000, "query": runnable_query(flavour, obj, chosen, dataset["trace"]),
+                            "_source": ["event.id"]}
     if "visState" in obj["attributes"]:
         body["aggs"] = vis_aggs(json.loads(obj["attributes"]["visState"]))
+    if obj["type"] == "lens":
+        body["aggs"], buckets, cols = lens_aggs(obj)
     sort = obj["attributes"].get("sort")
     if sort:
         body["sort"] = [{field: direction} for field, direction in sort]
     r = requests.post(f"{opensearch.url}/{_build.PATTERN}/_search", json=body, timeout=60)
     assert 200 == r.status_code, r.text[:800]
     got = sorted(h["_source"]["event"]["id"] for h in r.json()["hits"]["hits"])
-    expected = sorted(i for ev, i in dataset["events"] if EXPECTED[obj_id](ev))
+    ranks = set(chosen.get("jobtrace.rank") or []) or None
+    mine = [(ev, i) for ev, i in dataset["events"] if ev["job"] == JOB and (ranks is None or ev["rank"] in ranks)]
+    expected = sorted(i for ev, i in mine if EXPECTED[obj_id](ev))
     assert expected and expected == got
-    if "aggs" in body:
-        aggs = r.json()["aggregations"]
-        first = next(iter(aggs.values()))
-        assert first["buckets"], aggs
+    if "visState" in obj["attributes"]:
+        first = next(iter(r.json()["aggregations"].values()))
+        assert first["buckets"], r.json()["aggregations"]
+    if obj["type"] == "lens":  # what the chart draws is what the events say
+        table = tabify(r.json()["aggregations"], buckets, cols)
+        want = expected_table([ev for ev, _ in mine if EXPECTED[obj_id](ev)], buckets, cols)
+        assert set(want) == set(table)
+        for path, row in want.items():
+            assert set(row) == set(table[path]), path
+            for col, value in row.items():  # None: no finite value to average (a NaN step)
+                got_value = table[path][col]
+                assert (value is None and got_value is None) or value == pytest.approx(got_value, rel=1e-9), (
+                    path, col, value, got_value)
+
+
+def test_the_slowest_ranks_table_lists_every_rank_slowest_first(opensearch, dataset):
+    obj = next(o for o in objects("kibana") if o["id"] == "jobtrace-lens-slowest-ranks")
+    aggs, buckets, _ = lens_aggs(obj)
+    query = runnable_query("kibana", obj, SELECTIONS["job"], dataset["trace"])
+    r = requests.post(f"{opensearch.url}/{_build.PATTERN}/_search", json={"size": 0, "query": query, "aggs": aggs},
+                      timeout=60)
+    rows = r.json()["aggregations"][buckets[0]]["buckets"]
+    durations: dict[int, list[int]] = {}
+    for ev, _ in dataset["events"]:
+        if ev["job"] == JOB and is_step(ev):
+            durations.setdefault(ev["rank"], []).append(ev["dur"])
+    assert {row["key"] for row in rows} == set(durations)
+    means = [row["mean"]["value"] for row in rows]
+    assert means == sorted(means, reverse=True)
+    assert means[0] == pytest.approx(max(statistics.fmean(d) for d in durations.values()), rel=1e-9)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_controls_offer_the_job_and_then_only_its_ranks(opensearch, dataset, flavour):
+    """An options list (or input control) fills itself with a terms aggregation on its field, filtered by the
+    controls before it when chained."""
+    job_field, rank_field = control_fields(flavour)
+
+    def options(field: str, filters: list[dict[str, Any]]) -> set[Any]:
+        body = {"size": 0, "query": {"bool": {"filter": filters}}, "aggs": {"o": {"terms": {"field": field,
+                                                                                            "size": 1000}}}}
+        r = requests.post(f"{opensearch.url}/{_build.PATTERN}/_search", json=body, timeout=60)
+        assert 200 == r.status_code, r.text[:800]
+        return {b["key"] for b in r.json()["aggregations"]["o"]["buckets"]}
+
+    jobs = options(job_field, [{"term": {"data_stream.namespace": "saved"}}])  # this test's data stream only
+    assert {JOB, OTHER_JOB} <= jobs
+    ranks = options(rank_field, control_filters(flavour, {job_field: [JOB]}))
+    assert ranks == {ev["rank"] for ev, _ in dataset["events"] if ev["job"] == JOB}
+    assert options(rank_field, control_filters(flavour, {job_field: [OTHER_JOB]})) == {0, 1, 2}
 
 
 def test_the_errors_search_finds_nccl_timeouts_but_not_every_nccl_line(dataset):
@@ -328,7 +538,7 @@ def test_setup_imports_the_right_flavour_with_overwrite_and_the_xsrf_header(open
         assert objects(flavour) == imp["objects"]
         assert "overwrite=true" in imp["path"]
         assert imp["path"].startswith("/s/ml/") == (flavour == "kibana")
-        assert f"10 objects imported into {'Kibana' if flavour == 'kibana' else 'OpenSearch Dashboards'} {version}" \
+        assert f"{len(objects(flavour))} objects imported into {'Kibana' if flavour == 'kibana' else 'OpenSearch Dashboards'} {version}" \
             == report.saved_objects
     finally:
         fake.close()
