@@ -11,7 +11,15 @@ from :data:`VARIABLES` (``python -m jobtrace.config``), and a test fails when an
 module of the product reads the environment itself.
 
 Precedence, highest first: an argument of the API or a command-line flag, then the
-variable, then the launcher's own variables (identity only), then the default.
+variable, then the configuration file (commands only), then the launcher's own variables
+(identity only), then the default.
+
+The configuration file (``jobtrace.toml`` in the working directory, else ``[tool.jobtrace]`` of
+its ``pyproject.toml``, else the file :data:`CONFIG_FILE` names) spells the same variables as
+TOML keys (``[loki] url = …`` is ``JOBTRACE_LOKI_URL``); :func:`read_config_file` turns it into
+variable values and :func:`file_layer` lays them under the environment while a command runs,
+so that every reader here and every ``envvar=`` of a click option sees one precedence, set in
+one place. See the "Configuration file" section of ``docs/configuration.md`` (:func:`markdown`).
 
 Booleans: ``1 true yes on`` and ``0 false no off`` (any case); empty means unset;
 anything else is a :class:`~jobtrace.errors.ConfigError` naming the variable.
@@ -19,14 +27,20 @@ anything else is a :class:`~jobtrace.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 from .errors import ConfigError
 
 __all__ = [
+    "CONFIG_FILE",
+    "CONFIG_FILE_NAME",
     "ES",
     "KIBANA",
     "LOKI",
@@ -37,8 +51,12 @@ __all__ = [
     "TracingSettings",
     "VARIABLES",
     "VL",
+    "FileSettings",
     "Variable",
     "environ",
+    "file_layer",
+    "find_config_file",
+    "load_config_file",
     "get_bool",
     "get_choice",
     "get_float",
@@ -47,6 +65,7 @@ __all__ = [
     "get_str",
     "markdown",
     "parse_duration_s",
+    "read_config_file",
     "read_patterns",
     "server_vars",
 ]
@@ -163,7 +182,9 @@ RETENTION_METRICS: Final = _var("JOBTRACE_RETENTION_METRICS", "text", "365d",
 # ---- reading a job --------------------------------------------------------------------------------
 _G = "trace-job"
 BACKEND: Final = _var("JOBTRACE_BACKEND", "choice", "local",
-                      "Where `trace-job` reads: `local`, `loki`, `victorialogs`, `elasticsearch` or `archive`.", _G)
+                      "Where `trace-job` reads: `local`, `loki`, `victorialogs`, `elasticsearch` or `archive`; "
+                      "also where `jobtrace watch` follows a job and `jobtrace golden` keeps its library, among the "
+                      "names each accepts (docs/cli.md).", _G)
 MEMORY_LIMIT: Final = _var("JOBTRACE_MEMORY_LIMIT", "text", None,
                            "DuckDB's memory limit while reading a job (`4GB`); past it, DuckDB spills to disk.", _G)
 THREADS: Final = _var("JOBTRACE_THREADS", "int", None, "DuckDB threads while reading a job (default: all cores).", _G)
@@ -175,6 +196,13 @@ GRAFANA_DATASOURCE: Final = _var("JOBTRACE_GRAFANA_DATASOURCE", "text", None,
                                  "The Loki data source uid in Grafana, for the links.", _G)
 KIBANA_DATA_VIEW: Final = _var("JOBTRACE_KIBANA_DATA_VIEW", "text", None,
                                "The Kibana data view id, for the links.", _G)
+
+
+# ---- the configuration file ------------------------------------------------------------------------
+CONFIG_FILE: Final = _var("JOBTRACE_CONFIG", "path", None,
+                          "The configuration file the commands read, instead of looking for `jobtrace.toml`, then "
+                          "`pyproject.toml`'s `[tool.jobtrace]`, in the working directory; `none` reads no file. "
+                          "See \"Configuration file\" above.", "Commands")
 
 
 # ---- servers --------------------------------------------------------------------------------------
@@ -231,6 +259,9 @@ LOKI_STRUCTURED_METADATA: Final = _var("JOBTRACE_LOKI_STRUCTURED_METADATA", "boo
                                        "`0` for older Loki.", _G)
 LOKI_LABELS: Final = _var("JOBTRACE_LOKI_LABELS", "list", None,
                           "Extra static stream labels, `cluster=a,env=prod`.", _G)
+LOKI_JOB_LABEL: Final = _var("JOBTRACE_LOKI_JOB_LABEL", "text", "training_job",
+                             "The stream label that holds the job id, shipped and read (Loki, VictoriaLogs); `job` "
+                             "reads data that earlier versions shipped under `job` (docs/loki.md).", _G)
 LOKI_BATCH_LINES: Final = _var("JOBTRACE_LOKI_BATCH_LINES", "int", "8192", "Most lines in one push.", _G)
 LOKI_BATCH_BYTES: Final = _var("JOBTRACE_LOKI_BATCH_BYTES", "int", "1048576", "Most bytes in one push.", _G)
 LOKI_MAX_LINE_BYTES: Final = _var("JOBTRACE_LOKI_MAX_LINE_BYTES", "int", "262144",
@@ -413,6 +444,189 @@ def server_vars(prefix: str) -> ServerVars:
         raise ConfigError(f"no server variables start with {prefix!r}; one of {', '.join(_SERVERS)}") from None
 
 
+# ---- the configuration file --------------------------------------------------------------------------
+CONFIG_FILE_NAME: Final = "jobtrace.toml"
+"""The file the commands look for in the working directory (before ``pyproject.toml``'s ``[tool.jobtrace]``)."""
+
+_NOT_IN_FILE: Final = frozenset({CONFIG_FILE, REQUIRE_NATIVE})
+"""Variables a file cannot set: the file's own name, and the install-time switch (``setup.py`` reads no file)."""
+_NOT_IN_FILE_GROUPS: Final = frozenset({"Identity"})
+"""Per-process identity (rank, job id) differs between processes; one file shared by them cannot say it."""
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    """What a configuration file says, as the environment would spell it: ``{"JOBTRACE_LOKI_URL": "http://…"}``."""
+
+    path: Path | None = None
+    """The file read (``None``: none was found, or :data:`CONFIG_FILE` said ``none``)."""
+    values: Mapping[str, str] = field(default_factory=dict)
+
+
+def find_config_file(cwd: str | os.PathLike[str] | None = None,
+                     env: Mapping[str, str] | None = None) -> tuple[Path, str | None] | None:
+    """The configuration file and its table (``"tool.jobtrace"`` in a ``pyproject.toml``), or ``None``.
+
+    :data:`CONFIG_FILE` first (a file that is not there is an error, not a silent default);
+    else ``jobtrace.toml`` in ``cwd``; else ``cwd``'s ``pyproject.toml`` if it has a
+    ``[tool.jobtrace]`` table. Only the working directory is looked in, never its parents:
+    what a command reads should not change with where a repository happens to be checked out.
+    """
+    named = _raw(CONFIG_FILE, env)
+    if named is not None:
+        if named.lower() == "none":
+            return None
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"{CONFIG_FILE}={named!r}: no such file")
+        return path, "tool.jobtrace" if path.name == "pyproject.toml" else None
+    here = Path(cwd) if cwd is not None else Path.cwd()
+    own = here / CONFIG_FILE_NAME
+    if own.is_file():
+        return own, None
+    pyproject = here / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            with pyproject.open("rb") as fh:
+                tool = tomllib.load(fh).get("tool")
+        except (OSError, tomllib.TOMLDecodeError):
+            return None  # somebody else's pyproject.toml: not ours to judge
+        if isinstance(tool, dict) and "jobtrace" in tool:
+            return pyproject, "tool.jobtrace"
+    return None
+
+
+def _file_variables() -> dict[str, Variable]:
+    """The variables a file may set, by name."""
+    return {name: v for name, v in VARIABLES.items()
+            if name.startswith("JOBTRACE_") and name not in _NOT_IN_FILE and v.group not in _NOT_IN_FILE_GROUPS}
+
+
+def _file_key(name: str) -> str:
+    """``JOBTRACE_LOKI_URL`` as a file spells it at the top level: ``loki_url``."""
+    return name.removeprefix("JOBTRACE_").lower()
+
+
+def _is_private(path: Path) -> bool:
+    """Whether only the owner (the user running the command) can read ``path``: as ssh and libpq demand of
+    their key and password files. Never on Windows, whose modes say nothing about it."""
+    if os.name == "nt":
+        return False
+    st = path.stat()
+    return st.st_mode & 0o077 == 0 and st.st_uid == os.getuid()
+
+
+def read_config_file(path: str | os.PathLike[str], table: str | None = None) -> FileSettings:
+    """Read a configuration file into the variables it sets.
+
+    Keys are the variables' names without ``JOBTRACE_``, in lower case; a table stands for
+    the part before ``_``: ``data_dir = "store"`` and ``[loki] url = "http://loki:3100"``,
+    or ``loki_url = …``, set ``JOBTRACE_DATA_DIR`` and ``JOBTRACE_LOKI_URL``. Values are
+    TOML strings, numbers or booleans (written ``1``/``0``); a list variable takes a list,
+    or for ``loki.labels`` a table of label = value. A relative path (a ``path`` variable,
+    the ``*_file`` secrets) is relative to the file, not to where the command runs.
+
+    Secrets (``password``, ``token``, ``api_key``): their ``*_file`` form, a path, is
+    always accepted; the secret itself only in a file only its owner can read (mode
+    ``0600``) and never in ``pyproject.toml``, which is made to be committed. Errors name
+    the file and the key, never a value.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data: Any = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the configuration file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid TOML: {exc}") from None
+    for part in (table.split(".") if table else []):
+        data = data.get(part, {}) if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration file {path}: [{table}] is not a table")
+    allowed = _file_variables()
+    values: dict[str, str] = {}
+    for key, value in _flatten(data):
+        where = f"configuration file {path}: {'.'.join(key)}"
+        name = "JOBTRACE_" + "_".join(key).upper().replace("-", "_")
+        var = allowed.get(name)
+        if var is None:
+            reason = ("is not read from a file (each process says its own)" if name in VARIABLES
+                      else "is not a setting jobtrace knows")
+            near = difflib.get_close_matches(_file_key(name), [_file_key(n) for n in allowed], n=1)
+            raise ConfigError(f"{where} {reason}" + (f"; did you mean {near[0]!r}?" if near and name not in VARIABLES
+                                                     else ""))
+        if var.kind == "secret":
+            if table is not None:
+                raise ConfigError(f"{where}: a secret in pyproject.toml, which is made to be committed; set "
+                                  f"{'.'.join(key)}_file to a file holding it, or use {name} or {CONFIG_FILE_NAME}")
+            if not _is_private(path):
+                raise ConfigError(f"{where}: a secret in a file others can read; chmod 600 {path}, or set "
+                                  f"{'.'.join(key)}_file to a file holding it")
+        values[name] = _file_value(value, var, path.parent, where)
+    return FileSettings(path, values)
+
+
+def _flatten(data: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """``(key path, value)`` for each value; a table whose path names a list variable is that value whole."""
+    for key, value in data.items():
+        path = (*prefix, str(key))
+        name = "JOBTRACE_" + "_".join(path).upper().replace("-", "_")
+        if isinstance(value, dict) and not (name in VARIABLES and VARIABLES[name].kind == "list"):
+            yield from _flatten(value, path)
+        else:
+            yield path, value
+
+
+def _file_value(value: Any, var: Variable, base: Path, where: str) -> str:
+    """A TOML value as the environment would spell it."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, float) else str(value)
+    if isinstance(value, str):
+        if var.kind == "path" and value and not Path(value).expanduser().is_absolute():
+            return str(base / value)
+        return value
+    if var.kind == "list" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    if var.kind == "list" and isinstance(value, dict) and all(isinstance(v, (str, int, float)) for v in value.values()):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    raise ConfigError(f"{where}: expected a string, a number or a boolean, not {type(value).__name__}")
+
+
+def load_config_file(cwd: str | os.PathLike[str] | None = None,
+                     env: Mapping[str, str] | None = None) -> FileSettings:
+    """The configuration file :func:`find_config_file` finds, read (empty settings where there is none)."""
+    found = find_config_file(cwd, env)
+    return read_config_file(*found) if found else FileSettings()
+
+
+@contextmanager
+def file_layer(settings: FileSettings) -> Iterator[FileSettings]:
+    """While the block runs, the configuration file's values under the environment's: arguments > environment > file.
+
+    The commands run inside it (:class:`jobtrace.cli.exitcodes.Command` and ``Group``), so a
+    click option's ``envvar`` and every reader of this module see the file through one
+    mechanism: a variable the environment does not set is set from the file, and taken out
+    again afterwards (what the block's code set itself stays). The processes a command starts
+    (the demo's ranks) inherit the values, as they would the environment's.
+    """
+    env = os.environ
+    added = {name: (value, env.get(name)) for name, value in settings.values.items() if _raw(name, None) is None}
+    for name, (value, _before) in added.items():
+        env[name] = value
+    try:
+        yield settings
+    finally:
+        for name, (value, before) in added.items():
+            if env.get(name) != value:
+                continue  # the block set it itself
+            if before is None:
+                del env[name]
+            else:
+                env[name] = before  # an empty value, which counts as unset
+
+
 # ---- settings, read once ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TracingSettings:
@@ -516,6 +730,58 @@ def markdown() -> str:
         "else stops with an error that names the variable. Secrets (`*_PASSWORD`, `*_TOKEN`, `*_API_KEY`) may",
         "instead be read from a file named by the same variable with `_FILE` appended; they never appear in",
         "logs, errors or reports.",
+        "",
+        "## Configuration file",
+        "",
+        "The commands (`jobtrace …`, `trace-job`) also read an optional TOML file, for what would otherwise be",
+        "exported in every shell. Which file, the first found:",
+        "",
+        f"1. the file `{CONFIG_FILE}` names (`none`: no file at all);",
+        f"2. `{CONFIG_FILE_NAME}` in the working directory;",
+        "3. the `[tool.jobtrace]` table of `pyproject.toml` in the working directory.",
+        "",
+        "Only one file is read, and only in the working directory (never its parents).",
+        "",
+        "**Precedence**, highest first: command-line arguments > environment variables > the file > the",
+        "defaults below. A variable set in the environment (even to the same value) wins over the file; an",
+        "empty variable counts as unset, so the file's value applies.",
+        "",
+        "**Keys** are the variables below without `JOBTRACE_`, in lower case; a table stands for the part",
+        "before `_`, so these two spell the same settings:",
+        "",
+        "```toml",
+        "# jobtrace.toml",
+        'data_dir = "/scratch/jobtrace"       # JOBTRACE_DATA_DIR',
+        'backend = "loki"                     # JOBTRACE_BACKEND',
+        "",
+        "[loki]",
+        'url = "https://loki.example:3100"    # JOBTRACE_LOKI_URL',
+        'username = "trainer"',
+        'password_file = "/run/secrets/loki"  # JOBTRACE_LOKI_PASSWORD_FILE',
+        'labels = { cluster = "a", env = "prod" }',
+        "```",
+        "",
+        "```toml",
+        "# pyproject.toml",
+        "[tool.jobtrace]",
+        'data_dir = "/scratch/jobtrace"',
+        'loki_url = "https://loki.example:3100"',
+        "```",
+        "",
+        "Values are strings, numbers or booleans (`true` is `1`); `loki.labels` also takes a table. A",
+        "relative path (`data_dir`, `*_file`, `ca_file`, …) is relative to the file, not to where the command",
+        "runs. An unknown key, a key the file cannot set (the identity variables: each process says its own;",
+        f"`{CONFIG_FILE}`; `{REQUIRE_NATIVE}`) or a value of the wrong type stops the command with exit status 3",
+        "and a message naming the file and the key.",
+        "",
+        "**Secrets.** `password`, `token` and `api_key` are best given as paths, `password_file = …` (a Docker",
+        "or Kubernetes secret, a file of mode 0600). The secret itself is accepted only in a `jobtrace.toml`",
+        "(or a file named by the variable) that only its owner can read, mode `0600` or `0400`, as ssh and",
+        "libpq demand of their key and password files; never in `pyproject.toml`, which is made to be",
+        "committed. Either refusal names the key and the remedy, never the value.",
+        "",
+        "The file configures the commands, and the processes they start (`jobtrace demo`'s ranks); a training",
+        "job started by its own launcher reads its environment only.",
     ]
     groups: dict[str, list[Variable]] = {}
     for v in VARIABLES.values():

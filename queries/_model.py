@@ -294,9 +294,26 @@ class Report:
         return not any(f.severity in ("error", "warning") for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as ``trace-job --json`` prints it: ``docs/schema/report.schema.json``, version
+        :data:`REPORT_SCHEMA_VERSION`.
+
+        Every timestamp carries its unit in its name there (``t_min_ns``, a finding's
+        ``time_range_ns``, a cited event's ``ts_ns``: nanoseconds since the Unix epoch), as the
+        durations already did (``step_ms``, ``wall_s``); the attributes keep their short names.
+        """
         d = asdict(self)
         d["healthy"] = self.healthy
-        return {k: _finite(v) for k, v in d.items()}
+        d["t_min_ns"], d["t_max_ns"] = d.pop("t_min"), d.pop("t_max")
+        for f in d["findings"]:
+            f["time_range_ns"] = f.pop("time_range")
+            f["refs"] = [{("ts_ns" if k == "ts" else k): v for k, v in ref.items()} for ref in f["refs"]]
+        return {"schema_version": REPORT_SCHEMA_VERSION, **{k: _finite(v) for k, v in d.items()}}
+
+
+REPORT_SCHEMA_VERSION: Final = 1
+"""``schema_version`` of :meth:`Report.to_dict` (``trace-job --json``), the ``const`` of
+``docs/schema/report.schema.json``. Raised when a key is renamed or removed or its meaning
+changes; new keys do not raise it (the schema allows them)."""
 
 
 def _finite(obj: Any) -> Any:

@@ -151,3 +151,153 @@ class TestTracingHonoursTheSettings:
         finally:
             t.shutdown()
         assert [] == list(tmp_path.iterdir())
+
+
+class TestConfigFile:
+    """The optional configuration file: found once, read into the variables it sets, laid under the environment."""
+
+    @pytest.fixture(autouse=True)
+    def clean(self, tmp_path, monkeypatch):
+        for name in (config.CONFIG_FILE, config.DATA_DIR, config.LOKI.url, config.LOKI.password, config.BACKEND):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.chdir(tmp_path)
+
+    @staticmethod
+    def stores(tmp_path):
+        """Three stores, each with a job named after it: which one a command lists says where its data dir came from."""
+        from jobtrace.synth import SynthJob, write_job
+
+        for name in ("from-arg", "from-env", "from-file"):
+            write_job(tmp_path / name, SynthJob(job_id=name, ranks=2, steps=3))
+
+    @staticmethod
+    def listed(*args, env=None):
+        from click.testing import CliRunner
+
+        from jobtrace.cli import main
+
+        res = CliRunner().invoke(main, ["jobs", "--format", "names", *args], env=env)
+        assert res.exit_code == 0, res.output
+        return res.stdout.split()
+
+    def test_arguments_beat_the_environment_which_beats_the_file(self, tmp_path):
+        self.stores(tmp_path)
+        (tmp_path / "jobtrace.toml").write_text('data_dir = "from-file"\n')
+        assert ["from-file"] == self.listed()
+        assert ["from-env"] == self.listed(env={config.DATA_DIR: str(tmp_path / "from-env")})
+        assert ["from-arg"] == self.listed("--data-dir", tmp_path / "from-arg",
+                                           env={config.DATA_DIR: str(tmp_path / "from-env")})
+
+    def test_an_empty_variable_counts_as_unset_so_the_file_applies(self, tmp_path):
+        self.stores(tmp_path)
+        (tmp_path / "jobtrace.toml").write_text('data_dir = "from-file"\n')
+        assert ["from-file"] == self.listed(env={config.DATA_DIR: ""})
+
+    def test_the_file_is_laid_under_the_environment_only_while_a_command_runs(self, tmp_path):
+        import os
+
+        (tmp_path / "jobtrace.toml").write_text('[loki]\nurl = "http://loki:3100"\n')
+        settings = config.load_config_file()
+        assert {config.LOKI.url: "http://loki:3100"} == dict(settings.values)
+        with config.file_layer(settings):
+            assert "http://loki:3100" == config.get_str(config.LOKI.url)
+        assert config.LOKI.url not in os.environ
+
+    def test_pyproject_tool_table_is_read_and_jobtrace_toml_comes_first(self, tmp_path):
+        (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[tool.jobtrace]\nloki_url = "http://a"\n')
+        assert {config.LOKI.url: "http://a"} == dict(config.load_config_file().values)
+        (tmp_path / "jobtrace.toml").write_text('loki_url = "http://b"\n')
+        assert {config.LOKI.url: "http://b"} == dict(config.load_config_file().values)
+
+    def test_a_pyproject_without_the_table_is_no_configuration(self, tmp_path):
+        (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+        assert config.FileSettings() == config.load_config_file()
+
+    def test_the_variable_names_the_file_or_none(self, tmp_path, monkeypatch):
+        (tmp_path / "jobtrace.toml").write_text('loki_url = "http://here"\n')
+        (tmp_path / "elsewhere.toml").write_text('[loki]\nurl = "http://there"\n')
+        monkeypatch.setenv(config.CONFIG_FILE, str(tmp_path / "elsewhere.toml"))
+        assert {config.LOKI.url: "http://there"} == dict(config.load_config_file().values)
+        monkeypatch.setenv(config.CONFIG_FILE, "none")
+        assert {} == dict(config.load_config_file().values)
+        monkeypatch.setenv(config.CONFIG_FILE, str(tmp_path / "missing.toml"))
+        with pytest.raises(ConfigError, match="JOBTRACE_CONFIG=.*no such file"):
+            config.load_config_file()
+
+    def test_values_are_spelled_as_the_environment_spells_them(self, tmp_path):
+        sub = tmp_path / "conf"
+        sub.mkdir()
+        (sub / "j.toml").write_text('data_dir = "store"\nlocal = false\nheartbeat_s = 0.5\nloki_batch_lines = 100\n'
+                                    '[loki]\nlabels = { cluster = "a", env = "prod" }\n')
+        values = config.read_config_file(sub / "j.toml").values
+        assert {config.DATA_DIR: str(sub / "store"), config.LOCAL: "0", config.HEARTBEAT_S: "0.5",
+                config.LOKI_BATCH_LINES: "100", config.LOKI_LABELS: "cluster=a,env=prod"} == dict(values)
+        assert 0.5 == config.get_float(config.HEARTBEAT_S, values)
+
+    @pytest.mark.parametrize("text,message", [
+        ('loki_ulr = "x"\n', r"loki_ulr is not a setting jobtrace knows; did you mean 'loki_url'\?"),
+        ('rank = 3\n', r"rank is not read from a file \(each process says its own\)"),
+        ('config = "x"\n', "config is not read from a file"),
+        ('[loki]\nurl = ["a", "b"]\n', "loki.url: expected a string, a number or a boolean"),
+        ('data_dir = \n', "is not valid TOML"),
+    ])
+    def test_a_mistake_names_the_file_and_the_key(self, tmp_path, text, message):
+        (tmp_path / "jobtrace.toml").write_text(text)
+        with pytest.raises(ConfigError, match=message) as info:
+            config.load_config_file()
+        assert "jobtrace.toml" in str(info.value)
+
+    def test_a_bad_file_stops_a_command_with_exit_3(self, tmp_path):
+        from click.testing import CliRunner
+
+        from jobtrace.cli import main, trace_job
+
+        (tmp_path / "jobtrace.toml").write_text('loki_ulr = "x"\n')
+        for cmd, args in ((main, ["jobs"]), (trace_job, ["job"])):
+            res = CliRunner().invoke(cmd, args)
+            assert 3 == res.exit_code and "loki_ulr" in res.stderr and "Traceback" not in res.stderr
+
+    def test_the_file_reaches_the_readers_of_a_command(self, tmp_path):
+        """A command that needs a server URL finds it in the file (here: the error names the file's URL)."""
+        from click.testing import CliRunner
+
+        from jobtrace.cli import trace_job
+
+        (tmp_path / "jobtrace.toml").write_text('backend = "loki"\n[loki]\nurl = "http://127.0.0.1:9"\n')
+        res = CliRunner().invoke(trace_job, ["job"])
+        assert 3 == res.exit_code and "127.0.0.1:9" in res.stderr
+
+    class TestSecrets:
+        SECRET = "hunter2-do-not-print"
+
+        def test_a_secret_in_a_file_others_can_read_is_refused_without_showing_it(self, tmp_path):
+            path = tmp_path / "jobtrace.toml"
+            path.write_text(f'[loki]\npassword = "{self.SECRET}"\n')
+            path.chmod(0o644)
+            with pytest.raises(ConfigError, match=r"loki.password: a secret in a file others can read; chmod 600") as info:
+                config.read_config_file(path)
+            assert self.SECRET not in str(info.value)
+
+        def test_a_private_file_may_hold_the_secret(self, tmp_path):
+            path = tmp_path / "jobtrace.toml"
+            path.write_text(f'[loki]\npassword = "{self.SECRET}"\n')
+            path.chmod(0o600)
+            values = config.read_config_file(path).values
+            assert self.SECRET == config.get_secret(config.LOKI.password, values)
+
+        def test_pyproject_never_holds_a_secret(self, tmp_path):
+            path = tmp_path / "pyproject.toml"
+            path.write_text(f'[tool.jobtrace]\nes_token = "{self.SECRET}"\n')
+            path.chmod(0o600)
+            with pytest.raises(ConfigError, match="es_token: a secret in pyproject.toml") as info:
+                config.load_config_file()
+            assert self.SECRET not in str(info.value)
+
+        def test_a_secret_file_path_is_always_accepted_relative_to_the_file(self, tmp_path):
+            (tmp_path / "secrets").mkdir()
+            (tmp_path / "secrets" / "loki").write_text(self.SECRET + "\n")
+            path = tmp_path / "pyproject.toml"
+            path.write_text('[tool.jobtrace.loki]\npassword_file = "secrets/loki"\n')
+            path.chmod(0o644)
+            values = config.load_config_file().values
+            assert self.SECRET == config.get_secret(config.LOKI.password, values)

@@ -38,6 +38,17 @@ __all__ = ["EXIT_ERROR", "EXIT_HEALTHY", "EXIT_INTERNAL", "EXIT_PROBLEM", "EXIT_
 def main() -> None:
     """jobtrace: one trace for every rank of a distributed training job.
 
+    \b
+    Examples:
+      jobtrace demo --slow-rank 2          # a real job with a fault, traced
+      jobtrace jobs                        # the store's jobs and their state
+      jobtrace trace run-17                # the same as: trace-job run-17
+      jobtrace ingest logs/ --job run-17   # log files into events
+      eval "$(_JOBTRACE_COMPLETE=bash_source jobtrace)"  # docs/cli.md
+
+    Settings come from arguments, then JOBTRACE_* variables, then jobtrace.toml (or
+    [tool.jobtrace] in pyproject.toml): docs/configuration.md.
+
     Exit status: 0 healthy or done, 1 problem found, 2 usage error, 3 error (job not found, store
     unreadable, backend unreachable), 4 internal error (rerun with --debug); the same for every
     command, whose help says what each means for it.

@@ -59,6 +59,13 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
          verbose: bool, as_json: bool) -> None:
     """Run a real torch.distributed job (gloo, CPU) with an injected fault, then trace it.
 
+    \b
+    Examples:
+      jobtrace demo --slow-rank 2                  # a straggler
+      jobtrace demo --hang-rank 1 --hang-step 8    # a hang, named within seconds
+      jobtrace demo --nan-step 10 --ddp
+      jobtrace demo --ranks 8 --ranks-per-node 4 --json
+
     Exit status: 0 healthy, 1 problem found (the injected fault, as it should be), 2 usage error,
     3 error (torch missing, job not found), 4 internal error (rerun with --debug).
     """

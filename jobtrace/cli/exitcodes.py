@@ -11,6 +11,10 @@
          the traceback
     130  interrupted (Ctrl-C)
 
+A configuration file that cannot be used (bad TOML, an unknown key, a secret in a file
+others can read: :func:`jobtrace.config.read_config_file`) is an error too, 3, before any
+command runs.
+
 So a CI gate can tell a finding (1) from a crash (4) or a broken setup (2, 3). Commands end
 with :func:`finish` (0 or 1 from what they found) or let an exception out; :class:`Command`
 and :class:`Group` turn it into its code here, so no command calls ``sys.exit`` or catches
@@ -19,13 +23,15 @@ errors to pick a code itself. ``--debug`` is an option of every command and of t
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any, Final, NoReturn, TypeVar
 
 import click
 
-from jobtrace.errors import JobtraceError, Refused
+from jobtrace import config
+from jobtrace.errors import ConfigError, JobtraceError, Refused
 
 __all__ = [
     "EXIT_ERROR",
@@ -117,6 +123,20 @@ def _run_mapped(ctx: click.Context, invoke: Callable[[click.Context], _T]) -> _T
         raise click.exceptions.Exit(code) from None
 
 
+def _main_with_file(main: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run a command's ``main`` with the configuration file laid under the environment
+    (:func:`jobtrace.config.file_layer`): the one place the file reaches every option and reader."""
+    try:
+        settings = config.load_config_file()
+    except ConfigError as exc:
+        if not kwargs.get("standalone_mode", True):
+            raise
+        click.echo(f"{click.style('error:', fg='red', bold=True)} {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    with config.file_layer(settings):
+        return main(*args, **kwargs)
+
+
 def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value:
         ctx.meta[_DEBUG] = True
@@ -128,11 +148,14 @@ def _debug_option() -> click.Option:
 
 
 class Command(click.Command):
-    """A command whose errors end in the exit codes above, with ``--debug``."""
+    """A command whose errors end in the exit codes above, with ``--debug``, and that reads the configuration file."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.params.append(_debug_option())
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        return _main_with_file(super().main, args, kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         return _run_mapped(ctx, super().invoke)
@@ -147,6 +170,9 @@ class Group(click.Group):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.params.append(_debug_option())
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        return _main_with_file(super().main, args, kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
         return _run_mapped(ctx, super().invoke)

@@ -14,6 +14,7 @@ import click
 from jobtrace import config
 
 from .exitcodes import Command, Group
+from .options import job_id_argument
 
 __all__ = ["golden"]
 
@@ -55,7 +56,7 @@ def golden() -> None:
     Examples:
       jobtrace golden add run-41 --tag llama-7b --tag nightly
       jobtrace golden list
-      trace-job run-42 --golden          # the nearest entries, chosen by shape and profile
+      trace-job run-42 --golden     # the nearest entries, by shape and profile
       trace-job run-42 --golden --gate 6 --max-step-time-regression-pct 5
 
     Exit status: 0 done, 1 refused (add: the job's report has problems; --force keeps it), 2 usage
@@ -64,7 +65,7 @@ def golden() -> None:
 
 
 @golden.command("add", cls=Command)
-@click.argument("job_id")
+@job_id_argument
 @_where
 @click.option("--since", default=None, help="With a server: start of the job's time range (default 7d).")
 @click.option("--until", default=None, help="With a server: end of the job's time range (default now).")
@@ -75,6 +76,12 @@ def add(job_id: str, data_dir: str, backend: str, url: str | None, golden_dir: s
         until: str | None, name: str | None, tags: tuple[str, ...], force: bool) -> None:
     """Add the finished job JOB_ID to the library (its features only: series, log templates, shape).
     With --backend elasticsearch or loki the job is read from the server and the entry kept there.
+
+    \b
+    Examples:
+      jobtrace golden add run-41 --tag llama-7b --tag nightly
+      jobtrace golden add run-41 --name baseline-8xH100 --force
+      jobtrace golden add run-41 --backend loki --url http://loki:3100
 
     Exit status: 0 added, 1 refused (the job's report has error or warning findings, named in the
     message; --force keeps it), 2 usage error, 3 error (job not found), 4 internal error.
@@ -93,7 +100,16 @@ def add(job_id: str, data_dir: str, backend: str, url: str | None, golden_dir: s
 @_where
 @click.option("--json", "as_json", is_flag=True)
 def list_command(data_dir: str, backend: str, url: str | None, golden_dir: str | None, as_json: bool) -> None:
-    """The library's entries: name, job, shape, steps, tags, when added."""
+    """The library's entries: name, job, shape, steps, tags, when added.
+
+    \b
+    Examples:
+      jobtrace golden list
+      jobtrace golden list --json | jq -r '.[].name'
+      jobtrace golden list --backend loki --url http://loki:3100
+
+    Exit status: 0 listed, 2 usage error, 3 error (library unreadable), 4 internal error (rerun with --debug).
+    """
     import orjson
 
     library = _library(backend, url, data_dir, golden_dir)
@@ -116,7 +132,15 @@ def list_command(data_dir: str, backend: str, url: str | None, golden_dir: str |
 @click.argument("name")
 @_where
 def show(name: str, data_dir: str, backend: str, url: str | None, golden_dir: str | None) -> None:
-    """One entry: its summary and its log templates (most frequent first)."""
+    """One entry, as JSON: its summary and its log templates (most frequent first).
+
+    \b
+    Examples:
+      jobtrace golden show run-41
+      jobtrace golden show baseline-8xH100 | jq '.templates[:5]'
+
+    Exit status: 0 shown, 2 usage error, 3 error (no such entry), 4 internal error (rerun with --debug).
+    """
     import orjson
 
     e = _library(backend, url, data_dir, golden_dir).load(name)
@@ -130,7 +154,15 @@ def show(name: str, data_dir: str, backend: str, url: str | None, golden_dir: st
 @click.argument("name")
 @_where
 def remove(name: str, data_dir: str, backend: str, url: str | None, golden_dir: str | None) -> None:
-    """Take an entry out of the library (exit 3 if there is none by that name)."""
+    """Take an entry out of the library.
+
+    \b
+    Examples:
+      jobtrace golden remove run-41
+      jobtrace golden remove run-41 --backend elasticsearch --url https://es:9200
+
+    Exit status: 0 removed, 2 usage error, 3 error (no entry by that name), 4 internal error (rerun with --debug).
+    """
     click.echo(f"golden run {name} removed: {_library(backend, url, data_dir, golden_dir).remove(name)}")
 
 

@@ -143,6 +143,15 @@ def ingest_command(paths: tuple[str, ...], job_id: str, backend: str, url: str |
     Megatron-LM, DeepSpeed, Hugging Face Trainer, torchrun/NCCL failures and plain
     "step N loss x time T ms" lines are recognised from the lines themselves.
 
+    \b
+    Examples:
+      jobtrace ingest logs/ --job run-17    # then: trace-job run-17
+      jobtrace ingest 'n*/rank*.log.gz' --job run-17 \\
+          --rank-from-filename 'rank([0-9]+)'
+      jobtrace ingest train.log --job run-17 --follow --idle-exit 600
+      kubectl logs pod/trainer-0 | jobtrace ingest - --job run-17 --rank 0
+      jobtrace ingest logs/ --job run-17 --backend loki --url http://loki:3100
+
     Exit status: 0 done, 2 usage error, 3 error (a path that is not there, a server without a URL,
     nothing read, store or server unusable), 4 internal error (rerun with --debug).
     """

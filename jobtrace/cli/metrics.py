@@ -57,9 +57,9 @@ def metrics_command(data_dir: str, jobs: tuple[str, ...], listen: str, remote_wr
 
     \b
     Examples:
-      jobtrace metrics                               # http://127.0.0.1:9464/metrics
+      jobtrace metrics                        # http://127.0.0.1:9464/metrics
       jobtrace metrics --once --job run-17
-      jobtrace metrics --listen '' --remote-write https://mimir.example/api/v1/push
+      jobtrace metrics --listen '' --remote-write https://mimir/api/v1/push
       jobtrace metrics --otlp http://otel-collector:4318/v1/metrics
 
     Scrape it with honor_labels: true (the series carry the training job's own "job" label); see

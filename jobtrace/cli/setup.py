@@ -35,6 +35,13 @@ def setup(url: str, kibana_url: str | None, kibana_space: str | None, logs_reten
           as_json: bool) -> None:
     """Install jobtrace's index templates, retention policies and Kibana saved objects (idempotent).
 
+    \b
+    Examples:
+      jobtrace setup --url https://es:9200
+      jobtrace setup --url https://es:9200 --kibana-url https://kibana:5601
+      jobtrace setup --url https://es:9200 --logs-retention 14d
+      jobtrace setup --url http://opensearch:9200 --wait 120   # compose stack
+
     Exit status: 0 all installed, 1 installed with warnings (e.g. no ISM plugin), 2 usage error, 3 error
     (wrong credentials, an unsupported or unreachable server), 4 internal error (rerun with --debug).
     """

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Final
+import datetime
+from typing import Any, Final
 
 import click
 
 from jobtrace import config
 
 from .exitcodes import Command, finish
-from .options import Duration, backend_option
+from .options import Duration, backend_option, job_id_argument, renamed_option
 
 SHIP_TO: Final = ("loki", "victorialogs", "elasticsearch")
 """The servers ``export`` and ``replay`` send to: ``shippers.SHIPPER_BACKENDS``, spelled here so that
 reading the options imports no shipper (a test holds the two equal)."""
 
-__all__ = ["archive", "export", "jobs", "prune_command", "replay"]
+JOBS_SCHEMA_VERSION: Final = 1
+"""``schema_version`` of ``jobtrace jobs --json`` (docs/schema/jobs.schema.json): raised when a key is renamed
+or removed, or its meaning changes; new keys do not raise it."""
+
+JOB_STATES: Final = ("running", "finished", "failed", "hung", "unknown")
+"""What ``jobtrace jobs`` says of a job (see :func:`job_state`)."""
+
+__all__ = ["JOBS_SCHEMA_VERSION", "JOB_STATES", "archive", "export", "format_jobs_table", "job_row", "job_state",
+           "jobs", "prune_command", "replay"]
 
 
 @click.command(cls=Command)
@@ -27,6 +36,11 @@ __all__ = ["archive", "export", "jobs", "prune_command", "replay"]
               help="Give up waiting after this many seconds (what is left stays spooled).")
 def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> None:
     """Send what a shipper left in SPOOL_DIR (a server outage outlasting the job), in order, then exit.
+
+    \b
+    Examples:
+      jobtrace replay jobtrace-data/run-17/.spool/loki-r0 --backend loki
+      jobtrace replay spool/ --backend elasticsearch --timeout 120
 
     Exit status: 0 all sent, 1 some left (still spooled), 2 usage error, 3 error (server unreachable
     or refusing, spool in use), 4 internal error (rerun with --debug).
@@ -52,7 +66,7 @@ def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> N
 
 
 @click.command(name="export", cls=Command)
-@click.argument("job_id")
+@job_id_argument
 @backend_option(SHIP_TO, default=None, help="Where to send the job.")
 @click.option("--url", default=None,
               help="Server URL (default JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
@@ -62,6 +76,12 @@ def replay(spool_dir: str, backend: str, url: str | None, timeout_s: float) -> N
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def export(job_id: str, backend: str, url: str | None, data_dir: str, timeout_s: float, as_json: bool) -> None:
     """Send JOB_ID from the embedded store to Loki, VictoriaLogs or Elasticsearch/OpenSearch (credentials from the environment).
+
+    \b
+    Examples:
+      jobtrace export run-17 --backend loki --url http://loki:3100
+      jobtrace export run-17 --backend victorialogs --url http://victorialogs:9428
+      jobtrace export run-17 --backend elasticsearch --json
 
     Exit status: 0 everything accepted, 1 something not sent or refused (see the summary), 2 usage
     error, 3 error (job not found, server unreachable), 4 internal error (rerun with --debug).
@@ -95,17 +115,144 @@ def export(job_id: str, backend: str, url: str | None, data_dir: str, timeout_s:
     finish(summary.complete)
 
 
+def job_state(report: Any, last_write_ns: int, now_ns: int, settled_s: float) -> tuple[str, str]:
+    """``(state, why)`` of a job from its report and its files' last write.
+
+    * ``failed``: a rank's own log reports a failure (an OOM, an exception, an exit code): the
+      report's rank status ``failed``;
+    * ``hung``: a rank stalled, went silent, or ranks wait in a collective one never joined (the
+      findings ``hang`` and ``stalled_rank``), whether or not its processes are still alive;
+    * ``running``: otherwise, while its files were written less than ``settled_s`` ago
+      (``JOBTRACE_CACHE_SETTLED_S``, the same rule that keeps a running job out of the cache);
+    * ``finished``: otherwise.
+
+    In that order: a rank that crashed usually leaves the others hung, and the crash is the news.
+    """
+    failed = [r.rank for r in report.per_rank if r.status == "failed"]
+    if failed:
+        cause = next((f for f in report.findings if f.details.get("root_cause")), None)
+        return "failed", f"rank(s) {_ranks(failed)} failed" + (f": {cause.kind}" if cause else "")
+    stuck = [r.rank for r in report.per_rank if r.status in ("stalled", "silent")]
+    hang = next((f for f in report.findings if f.kind in ("hang", "stalled_rank")), None)
+    if stuck or hang:
+        ranks = stuck or (hang.ranks if hang else [])
+        return "hung", f"rank(s) {_ranks(ranks)} stopped progressing" if ranks else "a collective never completed"
+    problems = sorted({f.kind for f in report.findings if f.severity in ("error", "warning")})
+    said = ", ".join(problems) if problems else "healthy"
+    if last_write_ns and (now_ns - last_write_ns) / 1e9 < settled_s:
+        return "running", f"written {max(0.0, (now_ns - last_write_ns) / 1e9):.0f}s ago; {said} so far"
+    return "finished", said
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(str(r) for r in sorted(set(ranks)))
+
+
+def _iso(ns: int | None) -> str | None:
+    if not ns:
+        return None
+    stamp = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def job_row(data_dir: str, job_id: str, now_ns: int) -> dict[str, Any]:
+    """One job of the store as ``jobtrace jobs --json`` shows it (docs/schema/jobs.schema.json).
+
+    The state is trace-job's own verdict (its default thresholds), so the list never disagrees
+    with the report; a settled job's second read comes from the store's columnar cache.
+    """
+    from jobtrace.errors import JobtraceError
+    from jobtrace.store import job_dir, newest_write_ns
+    from queries import analyze, load_local
+
+    last_write = newest_write_ns(job_dir(data_dir, job_id))
+    row: dict[str, Any] = {"job_id": job_id, "last_write_ns": last_write or None, "last_write": _iso(last_write)}
+    try:
+        report = analyze(load_local(data_dir, job_id))
+    except JobtraceError as exc:  # one unreadable job must not hide the others
+        return row | {"state": "unknown", "reason": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - nor one the analysis trips on: listed, and said how to see why
+        return row | {"state": "unknown", "reason": f"not analysable ({type(exc).__name__}: {exc}); "
+                                                    f"trace-job {job_id} --debug shows where"}
+    settled = config.get_float(config.CACHE_SETTLED_S, default=60.0, minimum=0.0) or 0.0
+    state, why = job_state(report, last_write, now_ns, settled)
+    return row | {
+        "state": state, "reason": why, "first_ns": report.t_min, "last_ns": report.t_max,
+        "first": _iso(report.t_min), "last": _iso(report.t_max), "ranks": report.ranks,
+        "world_size": report.world_size, "nodes": len(report.nodes), "steps": report.steps,
+        "events": report.events, "healthy": report.healthy, "findings": sorted({f.kind for f in report.findings}),
+    }
+
+
+def format_jobs_table(rows: list[dict[str, Any]]) -> str:
+    """The jobs as an aligned text table: job, state, ranks, steps, first and last event (UTC), why.
+
+    Plain text, no colour and no truncation, so it reads the same in a terminal and in a CI log.
+    """
+    header = ("JOB", "STATE", "RANKS", "STEPS", "FIRST (UTC)", "LAST (UTC)", "WHY")
+
+    def when(ns: int | None) -> str:
+        iso = _iso(ns)
+        return iso[:19].replace("T", " ") if iso else "-"
+
+    body = [(r["job_id"], r["state"], str(r.get("ranks", "-")), str(r.get("steps", "-")), when(r.get("first_ns")),
+             when(r.get("last_ns")), r.get("reason") or "") for r in rows]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header) - 1)]
+    right = {2, 3}
+    out = []
+    for line in [header, *body]:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))]
+        out.append("  ".join([*cells, line[-1]]).rstrip())
+    return "\n".join(out)
+
+
 @click.command(cls=Command)
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
-def jobs(data_dir: str) -> None:
-    """List the jobs in the embedded store.
+@click.option("--format", "fmt", type=click.Choice(["auto", "table", "names", "json"]), default="auto",
+              show_default=True, help="auto: the table on a terminal, the names alone when piped (as ls does, so "
+              "`for j in $(jobtrace jobs)` keeps working).")
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json (its schema: "
+              "docs/schema/jobs.schema.json).")
+def jobs(data_dir: str, fmt: str, as_json: bool) -> None:
+    """List the jobs in the embedded store: state, ranks, steps, first and last event.
+
+    The state (running, finished, failed, hung) is trace-job's verdict on each job: failed when
+    a rank's log reports a failure, hung when a rank stopped progressing, running while its files
+    are still being written, finished otherwise.
+
+    \b
+    Examples:
+      jobtrace jobs
+      jobtrace jobs --json | jq -r '.jobs[] | select(.state == "hung") | .job_id'
+      jobtrace jobs --format names --data-dir /scratch/jobtrace
 
     Exit status: 0 listed, 2 usage error, 3 error (store unreadable), 4 internal error (rerun with --debug).
     """
+    import sys
+    import time
+
     from queries import list_local_jobs
 
-    for job in list_local_jobs(data_dir):
-        click.echo(job)
+    if as_json:
+        fmt = "json"
+    if fmt == "auto":
+        fmt = "table" if sys.stdout.isatty() else "names"
+    names = list_local_jobs(data_dir)
+    if fmt == "names":
+        for job in names:
+            click.echo(job)
+        return
+    now = time.time_ns()
+    rows = [job_row(data_dir, job, now) for job in names]
+    if fmt == "json":
+        import orjson
+
+        doc = {"schema_version": JOBS_SCHEMA_VERSION, "data_dir": data_dir, "jobs": rows}
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    elif rows:
+        click.echo(format_jobs_table(rows))
+    else:
+        click.echo(f"no jobs in {data_dir}", err=True)
 
 
 @click.command(name="prune", cls=Command)
@@ -124,7 +271,7 @@ def prune_command(older_than: float, data_dir: str, dry_run: bool) -> None:
 
     \b
     Examples:
-      jobtrace prune                      # JOBTRACE_RETENTION_LOGS, 7 days by default
+      jobtrace prune            # JOBTRACE_RETENTION_LOGS, 7 days by default
       jobtrace prune --older-than 2w --dry-run
 
     Exit status: 0 done, 2 usage error, 3 error (store unreadable), 4 internal error.
@@ -143,9 +290,10 @@ def prune_command(older_than: float, data_dir: str, dry_run: bool) -> None:
 
 
 @click.command(name="archive", cls=Command)
-@click.argument("job_id")
-@click.option("--to", "url", required=True, metavar="s3://BUCKET/PREFIX",
-              help="Where the job goes (any S3-compatible store; AWS_ENDPOINT_URL for MinIO, SeaweedFS, Ceph).")
+@job_id_argument
+@renamed_option("--url", "--to", "url", required=True, metavar="s3://BUCKET/PREFIX",
+                help="Where the job goes (any S3-compatible store; AWS_ENDPOINT_URL for MinIO, SeaweedFS, Ceph); "
+                     "the URL trace-job --backend archive --url reads it back from.")
 @click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
 def archive(job_id: str, url: str, data_dir: str) -> None:
     """Copy a job's store to object storage: its lines (zstd), segments, rollups and dumps, and a manifest.
@@ -157,8 +305,8 @@ def archive(job_id: str, url: str, data_dir: str) -> None:
 
     \b
     Examples:
-      jobtrace archive run-17 --to s3://training-logs/jobtrace
-      AWS_ENDPOINT_URL=http://seaweedfs:8333 jobtrace archive run-17 --to s3://logs
+      jobtrace archive run-17 --url s3://training-logs/jobtrace
+      AWS_ENDPOINT_URL=http://minio:9000 jobtrace archive run-17 --url s3://logs
 
     Exit status: 0 archived, 2 usage error, 3 error (no such job, the store refused), 4 internal error.
     """

@@ -10,12 +10,12 @@ from jobtrace import config
 from jobtrace.errors import ConfigError, JobNotFound
 
 from .exitcodes import Command, finish
-from .options import version_option
+from .options import BACKENDS, job_id_argument, version_option
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["analysis_options", "report_and_exit", "trace_job", "trace_job_main"]
+__all__ = ["analysis_options", "report_and_exit", "say_written", "trace_job", "trace_job_main"]
 
 
 def analysis_options(f: Any) -> Any:
@@ -23,7 +23,8 @@ def analysis_options(f: Any) -> Any:
                      help="Seconds without progress (or heartbeat) before a rank counts as stalled.")(f)
     f = click.option("--slow-factor", type=click.FloatRange(1, min_open=True), default=1.3, show_default=True,
                      help="A rank is slow when its median compute per step is this many times the median rank's.")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
+    f = click.option("--json", "as_json", is_flag=True,
+                     help="Print the report as JSON (its schema: docs/schema/report.schema.json).")(f)
     return f
 
 
@@ -43,8 +44,10 @@ def _view_options(f: Any) -> Any:
                                                      "theirs is a problem (exit 1), as a pipeline gate.")),
         ("--golden-dir", dict(default=None, help="Where golden runs are kept (default <data-dir>/.golden; with "
                                                  "--backend elasticsearch or loki, on that server).")),
-        ("--timeline", dict(default=None, type=click.Path(dir_okay=False), help="Write an interactive HTML timeline.")),
-        ("--perfetto", dict(default=None, type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace JSON.")),
+        ("--timeline", dict(default=None, type=click.Path(dir_okay=False),
+                            help="Write an interactive HTML timeline to this file (named on stderr).")),
+        ("--perfetto", dict(default=None, type=click.Path(dir_okay=False),
+                            help="Write a Perfetto/Chrome trace to this file (named on stderr).")),
         ("--grafana-url", dict(envvar=config.GRAFANA_URL, default=None, help="Link findings to Grafana Explore.")),
         ("--grafana-datasource", dict(envvar=config.GRAFANA_DATASOURCE, default=None, help="Loki data source uid.")),
         ("--kibana-url", dict(envvar=config.KIBANA.url, default=None, help="Link findings to Kibana Discover.")),
@@ -67,6 +70,18 @@ def _trace_options(kw: dict[str, Any]) -> Any:
                         golden_dir=kw["golden_dir"], links=links, timeline=kw["timeline"], perfetto=kw["perfetto"])
 
 
+def say_written(what: str, path: str | None) -> None:
+    """Name a file a command wrote on stderr (``wrote the timeline: /abs/t.html (1.2 MB)``), so that a user
+    finds it and stdout stays the report alone (``--json`` pipes cleanly)."""
+    import os
+
+    if not path or not os.path.exists(path):
+        return
+    size = os.path.getsize(path)
+    shown = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+    click.echo(f"wrote {what}: {click.format_filename(os.path.abspath(path))} ({shown})", err=True)
+
+
 def report_and_exit(report: Any, as_json: bool, console: Console | None = None) -> NoReturn:
     """Print the report (text or JSON, on stdout) and exit 0 if the job is healthy, 1 if a problem was found."""
     from queries import format_json, print_report
@@ -81,10 +96,9 @@ def report_and_exit(report: Any, as_json: bool, console: Console | None = None) 
 
 
 @click.command(name="trace-job", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("job_id")
+@job_id_argument
 @version_option
-@click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch", "archive"]),
-              default="local", show_default=True, envvar=config.BACKEND,
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True, envvar=config.BACKEND,
               help="Where the job's events are (archive: what `jobtrace archive` put in object storage).")
 @click.option("--url", default=None, help="Backend URL (default from JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL; "
               "for an archive, s3://bucket/prefix).")
@@ -97,6 +111,15 @@ def report_and_exit(report: Any, as_json: bool, console: Console | None = None) 
 def trace_job(job_id: str, backend: str, url: str | None, since: str | None, until: str | None, data_dir: str,
               stall_s: float, slow_factor: float, as_json: bool, **views: Any) -> None:
     """Rebuild JOB_ID's timeline and name the slow or stalled rank.
+
+    \b
+    Examples:
+      trace-job run-17                    # the embedded store, ./jobtrace-data
+      trace-job run-17 --json | jq .findings
+      trace-job run-17 --timeline t.html --perfetto t.json
+      trace-job run-17 --backend loki --url http://loki:3100 --since 2d
+      trace-job run-17 --backend archive --url s3://training-logs/jobs
+      trace-job run-17 --golden --gate 6  # compare with known-good runs
 
     Exit status: 0 healthy, 1 problem found, 2 usage error, 3 error (job not found, store or backend
     unreadable), 4 internal error (rerun with --debug for the traceback).
@@ -129,6 +152,8 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
     cfg = AnalysisConfig(stall_s=stall_s, slow_factor=slow_factor,
                          max_step_time_regression_pct=views["max_step_time_regression_pct"], golden_gate=views["gate"])
     report, _ = run_trace(job_id, data_dir, cfg, opts, job=job)
+    say_written("the timeline", opts.timeline)
+    say_written("the Perfetto trace", opts.perfetto)
     report_and_exit(report, as_json)
 
 

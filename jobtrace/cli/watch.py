@@ -12,14 +12,15 @@ from jobtrace import config
 from jobtrace.errors import BackendUnavailable, JobNotFound, ServerUnavailable
 
 from .exitcodes import Command, finish
+from .options import job_id_argument
 
 __all__ = ["watch"]
 
 
 @click.command(cls=Command)
-@click.argument("job_id")
+@job_id_argument
 @click.option("--backend", type=click.Choice(["local", "loki", "victorialogs", "elasticsearch"]), default="local",
-              show_default=True, help="Where the job's events are: the embedded store, or a server (JOBTRACE_LOKI_URL, "
+              show_default=True, envvar=config.BACKEND, help="Where the job's events are: the embedded store, or a server (JOBTRACE_LOKI_URL, "
               "JOBTRACE_VL_URL, JOBTRACE_ES_URL; Elasticsearch covers OpenSearch).")
 @click.option("--url", default=None, help="The server's URL (default: the backend's JOBTRACE_*_URL).")
 @click.option("--lookback", type=click.FloatRange(2), default=30.0, show_default=True,
@@ -55,9 +56,10 @@ def watch(job_id: str, backend: str, url: str | None, lookback: float, data_dir:
     \b
     Examples:
       jobtrace watch run-17
-      jobtrace watch run-17 --json --webhook http://alertmanager:9093/api/v2/alerts
+      jobtrace watch run-17 --json --webhook http://am:9093/api/v2/alerts
       jobtrace watch run-17 --backend loki --url http://loki:3100
-      jobtrace watch run-17 --webhook https://hooks.slack.com/services/... --webhook-format slack
+      jobtrace watch run-17 --webhook-format slack \\
+          --webhook https://hooks.slack.com/services/...
 
     Exit status: 0 the job ended with no alert, 1 an alert fired, 2 usage error, 3 error (no such
     job after --wait-for-job), 4 internal error (rerun with --debug).
