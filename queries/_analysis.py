@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from jobtrace.errors import JobNotFound
 from jobtrace.store import build_tables
 
 from ._clocks import APPLY_NS, node_offsets
@@ -129,6 +130,10 @@ def analyze(
         {"warm_from": warm_from},
     )
     ranks = _training_ranks(ranks)
+    if not ranks:  # every line torn, corrupt or not a rank's: nothing to judge, and the user must hear why
+        st = job.stats
+        raise JobNotFound(f"job {job.job_id!r} has no readable rank events (lines skipped: "
+                          f"{st.torn_lines:,} torn, {st.corrupt_lines:,} corrupt)")
     head = {
         "t_min": min(r["first_ts"] for r in ranks), "ranks": len(ranks),
         "world": max((r["world"] or 0) for r in ranks),

@@ -30,8 +30,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ._model import AnalysisContext, EventRef, Finding, as_json, rows, span_list
+from ._model import AnalysisContext, EventRef, Finding, as_json, rows
 from ._signatures import CAUSE_RANK, FRAME, PREFILTER, Failure, classify
+from ._text import count, fold, template
+from ._text import ranks as ranks_text
 
 __all__ = ["analyze_failures"]
 
@@ -245,22 +247,15 @@ def _finding(kind: str, items: list[_Seen]) -> Finding:
     for s in items:
         for k, v in s.failure.facts.items():
             facts.setdefault(k, v)
-    who = (f"rank{'s' if len(ranks) > 1 else ''} {span_list(ranks)}" if ranks else "rank ?")
-    if ranks and unknown:
-        who += " and rank ?"
-    where = f" on {', '.join(nodes[:4])}{' +' + str(len(nodes) - 4) + ' more' if len(nodes) > 4 else ''}" if nodes else ""
-    summary = f"{_TITLES.get(kind, kind)}: {who}{where}{_what(kind, facts)}"
+    summary = _say_failure(_TITLES.get(kind, kind), ranks, unknown, nodes, _what(kind, facts), hang_note, also)
     steps = sorted({s.step for s in items if s.step is not None})
-    evidence = [s.msg[:300] for s in _distinct(items)[:5]]
-    if len(items) > 5:
-        evidence.append(f"+{len(items) - 5} more line(s) like these")
+    # the same line from many ranks, once: "ranks 1-7: NCCL WARN …" (torchrun prints every rank's copy)
+    evidence = fold([(s.rank, s.msg[:300]) for s in items])
     details: dict[str, Any] = {"facts": facts, "lines": len(items), "unknown_rank": unknown}
     if hang_note:
         details["reported_by"] = sorted({s.rank for s in items if s.rank is not None})
-        summary += f" ({hang_note})"
     if also:
         details["also_exited"] = also
-        summary += f" (first observed; ranks {span_list(also)} exited too)"
     f = Finding(kind, "error", summary, ranks, nodes, steps[-1:], evidence, details)
     return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, kind) for s in items])
 
@@ -282,19 +277,33 @@ def _hang_culprits(items: list[_Seen], ranks: list[int]) -> tuple[list[int], str
         return ranks, ""
     fewest = min(works.values())
     if fewest == max(works.values()):
-        return [], f"ranks {span_list(sorted(works))} all wait on {fewest} outstanding work(s): no rank is behind"
+        return [], _say_all_wait(sorted(works), fewest)
     behind = sorted(r for r, n in works.items() if n == fewest)
-    return behind, f"{fewest} outstanding works against up to {max(works.values())} on the others: it stopped enqueuing first"
+    return behind, _say_behind(fewest, max(works.values()), len(behind))
 
 
-def _distinct(items: list[_Seen]) -> list[_Seen]:
-    out, keys = [], set()
-    for s in items:
-        key = s.msg[:120]
-        if key not in keys:
-            keys.add(key)
-            out.append(s)
-    return out
+@template
+def _say_all_wait(ranks: list[int], works: int) -> str:
+    verb = "waits" if len(set(ranks)) <= 1 else "all wait"
+    return f"{ranks_text(ranks)} {verb} on {count(works, 'outstanding work')}: no rank is behind"
+
+
+@template
+def _say_behind(fewest: int, most: int, behind: int) -> str:
+    return (f"{count(fewest, 'outstanding work')} against up to {most:,} on the others: "
+            f"{'it' if behind == 1 else 'they'} stopped enqueuing first")
+
+
+@template
+def _say_failure(title: str, ranks: list[int], unknown: bool, nodes: list[str], what: str, note: str,
+                 also: list[int]) -> str:
+    who = ranks_text(ranks) if ranks else "rank ?"
+    if ranks and unknown:
+        who += " and rank ?"
+    more = f" +{len(nodes) - 4} more" if len(nodes) > 4 else ""
+    where = f" on {', '.join(nodes[:4])}{more}" if nodes else ""
+    return (f"{title}: {who}{where}{what}" + (f" ({note})" if note else "")
+            + (f" (first observed; {ranks_text(also)} exited too)" if also else ""))
 
 
 def _what(kind: str, facts: dict[str, Any]) -> str:
@@ -356,11 +365,8 @@ def _timeout_mismatch(timeouts: list[_Seen]) -> Finding | None:
         top, n = counts.most_common(1)[0]
         odd = sorted(r for r, v in values.items() if v != top) if list(counts.values()).count(n) == 1 \
             else sorted(values)
-        what = ", ".join(f"rank {r}: {first[r].failure.facts.get('op')} SeqNum {first[r].failure.facts.get('seq')}"
-                         f" numel {first[r].failure.facts.get('numel_in')}" for r in sorted(first))
-        f = Finding("collective_mismatch", "error",
-                    f"collective mismatch: rank{'s' if len(odd) > 1 else ''} {span_list(odd)} timed out in another "
-                    f"collective ({key.replace('_', ' ')} differs) than the others: {what}",
+        what = ", ".join(f"rank {r}: {_view(first[r].failure.facts)}" for r in sorted(first))
+        f = Finding("collective_mismatch", "error", _say_timeout_mismatch(odd, key.replace("_", " "), what),
                     odd, sorted({host for r in odd if (host := first[r].node)}), [],
                     [first[r].msg[:300] for r in sorted(first)][:6], {"differs_in": key, "views": {
                         str(r): {k: first[r].failure.facts.get(k) for k in ("op", "seq", "numel_in")} for r in first}})
@@ -412,9 +418,7 @@ def _site_mismatch(ctx: AnalysisContext, seen: list[_Seen], every: list[_Seen]) 
         return None
     where = "; ".join(f"rank {r} at {', '.join(sorted(sites[r] - top))}" for r in odd[:4])
     f = Finding("collective_mismatch", "error",
-                f"collective mismatch: rank{'s' if len(odd) > 1 else ''} {span_list(odd)} failed in a collective "
-                f"called from another line than the others' ({where}; the others at "
-                f"{', '.join(sorted(top - sites[odd[0]]))})", odd, [], [], [],
+                _say_site_mismatch(odd, where, sorted(top - sites[odd[0]])), odd, [], [], [],
                 {"differs_in": "call_site", "sites": {str(r): sorted(site) for r, site in sorted(sites.items())}})
     return f.cite([EventRef(s.stream_rank, s.ts, "log", s.step, s.span_id, s.failure.kind) for s in seen
                    if s.rank in sites][:20])
@@ -446,9 +450,7 @@ def _never_arrived(ctx: AnalysisContext, groups: dict[tuple[str, str], list[_See
     last = {m: _last_line(ctx, m) for m in missing[:3]}
     doing = "; ".join(f"rank {m}'s last line: {txt[:160]}" for m, txt in last.items() if txt)
     nodes = sorted({r["node"] for r in ctx.ranks if r["rank"] in missing and r["node"] not in (None, "unknown")})
-    summary = (f"hang: rank{'s' if len(missing) > 1 else ''} {span_list(missing)} never arrived{at}; "
-               f"rank{'s' if len(timed_out) > 1 else ''} {span_list(sorted(timed_out))} timed out waiting for it"
-               + (f" ({doing})" if doing else ""))
+    summary = _say_never_arrived(missing, at, sorted(timed_out), doing)
     details = {"never_arrived": missing, "timed_out": sorted(timed_out), "world": world or None,
                "how": "last enqueued work before the timed-out one" if behind else "not among the ranks that timed out"}
     hang = Finding("hang", "error", summary, missing, nodes, [], [first.msg[:300]] + [t for t in last.values() if t],
@@ -460,3 +462,29 @@ def _last_line(ctx: AnalysisContext, rank: int) -> str | None:
     out = rows(ctx.con, "SELECT msg FROM events WHERE rank = ? AND kind = 'log' AND msg IS NOT NULL "
                         "ORDER BY ts DESC LIMIT 1", [rank])
     return out[0]["msg"] if out else None
+
+
+def _view(facts: dict[str, Any]) -> str:
+    """``ALLREDUCE SeqNum 257 numel 1024``: what one rank's watchdog says it waited in, the parts it did say."""
+    parts = [str(facts["op"])] if facts.get("op") is not None else []
+    parts += [f"{label} {facts[key]}" for key, label in (("seq", "SeqNum"), ("numel_in", "numel"))
+              if facts.get(key) is not None]
+    return " ".join(parts) or "an unnamed collective"
+
+
+@template
+def _say_timeout_mismatch(odd: list[int], differs: str, views: str) -> str:
+    return f"collective mismatch: {ranks_text(odd)} timed out in another collective ({differs} differs) than the others: {views}"
+
+
+@template
+def _say_site_mismatch(odd: list[int], where: str, others_at: list[str]) -> str:
+    return (f"collective mismatch: {ranks_text(odd)} failed in a collective called from another line than the others' "
+            f"({where}; the others at {', '.join(others_at) or 'an unknown line'})")
+
+
+@template
+def _say_never_arrived(missing: list[int], at: str, timed_out: list[int], doing: str) -> str:
+    them = "it" if len(set(missing)) == 1 else "them"
+    return (f"hang: {ranks_text(missing)} never arrived{at}; {ranks_text(timed_out)} timed out waiting for {them}"
+            + (f" ({doing})" if doing else ""))

@@ -50,6 +50,7 @@ from jobtrace import store
 from jobtrace.errors import QueryError
 
 from ._model import AnalysisConfig, EventRef, Finding, rows
+from ._text import count, num, template, times
 
 __all__ = ["GoldenProfile", "choose_golden", "compare_to_golden", "deviation_score", "golden_dir", "leave_one_out",
            "list_golden", "load_golden", "profile_distance", "profile_job", "rank_scores", "remove_golden",
@@ -260,8 +261,9 @@ def choose_golden(new: GoldenProfile, entries: Sequence[GoldenProfile], k: int =
     world, nodes = new.shape.get("world"), new.shape.get("nodes")
     same = [e for e in entries if e.shape.get("world") == world and e.shape.get("nodes") == nodes]
     pool = same or list(entries)
-    why = (f"same shape, {world} ranks on {nodes} node(s)" if same
-           else f"no entry of this job's shape ({world} ranks on {nodes} node(s)); the nearest of all")
+    shape = (f"{count(world, 'rank') if isinstance(world, int) else 'ranks unknown'} on "
+             f"{count(nodes, 'node') if isinstance(nodes, int) else 'nodes unknown'}")
+    why = f"same shape, {shape}" if same else f"no entry of this job's shape ({shape}); the nearest of all"
 
     def unlike(e: GoldenProfile, key: str) -> int:  # 0: both say the same; 1: one does not say; 2: they differ
         if not new.shape.get(key) or not e.shape.get(key):
@@ -572,23 +574,25 @@ def _score_finding(new: GoldenProfile, refs: list[GoldenProfile], patterns: list
     if gate is None:
         return []  # the score is asked for with a gate (--gate): the band and template findings say the rest
     score, parts = deviation_score(new, refs, patterns, cfg)
-    top = "; ".join(f"{p['what']} +{p['points']:g} ({p['detail']})" for p in parts[:3]) or "nothing departs"
+    top = [f"{p['what']} +{num(p['points'], 'g')} ({p['detail']})" for p in parts[:3]]
     by_rank = rank_scores(new, refs)
     details: dict[str, Any] = {"score": score, "contributions": parts, "gate": gate,
                                "references": [r.name for r in refs], "ranks": by_rank[:16]}
     over = score > gate
-    summary = f"deviation from the golden runs: score {score:g} (gate {gate:g})"
+    worst = None
     if by_rank and over:
         r0 = by_rank[0]
-        summary += (f"; most departing rank {r0['rank']} ({r0['score']:g}: {r0['contributions'][0]['what']} "
-                    f"{r0['contributions'][0]['detail']})")
+        worst = f"rank {r0['rank']} ({num(r0['score'], 'g')}: {r0['contributions'][0]['what']} " \
+                f"{r0['contributions'][0]['detail']})"
+    above = runs = None
     if len(refs) >= 2:
         loo = leave_one_out(refs, gate, cfg)
         details["leave_one_out"] = loo
-        summary += f"; leave-one-out, {loo['above_gate']} of {loo['runs']} golden runs score above it"
+        above, runs = loo["above_gate"], loo["runs"]
     steps = sorted({p["step"] for p in parts if p.get("step") is not None})
     ranks = [r["rank"] for r in by_rank[:3]] if over else []
-    return [Finding("golden_score", "error" if over else "info", f"{summary}: {top}", ranks, [], steps, [],
+    return [Finding("golden_score", "error" if over else "info", _say_golden_score(score, gate, worst, above, runs, top),
+                    ranks, [], steps, [],
                     details)]
 
 
@@ -603,15 +607,13 @@ def _regression(new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConf
     if change <= pct:
         return []
     return [Finding("step_time_regression", "error",
-                    f"median step {mine:.1f} ms is {change:.1f}% slower than the golden runs' {ref:.1f} ms "
-                    f"(allowed: {pct:g}%)", [], [], [], [],
+                    _say_regression(mine, change, ref, pct, len(refs)), [], [], [], [],
                     {"step_ms": round(mine, 3), "golden_step_ms": round(ref, 3), "regression_pct": round(change, 2),
                      "allowed_pct": pct, "references": [r.name for r in refs]})]
 
 
 def _series_findings(job: Any, new: GoldenProfile, refs: list[GoldenProfile], cfg: AnalysisConfig) -> list[Finding]:
     persist = cfg.golden_persist_steps
-    names = ", ".join(f"'{r.name}'" for r in refs)
     out = []
     phase_floor = _phase_floor(refs, PHASE_BAND_SHARE)
     for name, (unit, abs_tol, rel_scale) in SERIES.items():
@@ -654,10 +656,8 @@ def _series_findings(job: Any, new: GoldenProfile, refs: list[GoldenProfile], cf
         limit = "band down to" if sign < 0 else "band up to"
         f = Finding(
             "golden_deviation", "warning",
-            f"{name} deviates from golden run{'s' if len(refs) > 1 else ''} {names} from step {s0}: {fmt(got)} vs "
-            f"{fmt(want)} in the reference{'s' if len(refs) > 1 else ''} ({ratio:.2f}x; {limit} {fmt(band)}"
-            + (", learned from their spread" if learned else "") + ")"
-            + (f", through step {s1}" if s1 != s0 else ""),
+            _say_golden_deviation(name, [r.name for r in refs], s0, s1, fmt(got), fmt(want), ratio, limit, fmt(band),
+                                  learned),
             [], [], [s0, s1], [],
             {"metric": name, "golden": [r.name for r in refs], "golden_jobs": [r.job_id for r in refs],
              "start_step": s0, "end_step": s1, "value": round(got, 6), "reference": round(want, 6),
@@ -683,3 +683,36 @@ def _with_unit(x: float, unit: str) -> str:
 
 def _plain_number(x: float) -> str:
     return f"{x:.4g}"
+
+
+# The findings' wording: plain values in, one phrase out (see queries._text; tests/queries/test_report_text.py
+# renders each with singular, plural, zero and infinite values).
+
+
+@template
+def _say_golden_score(score: float, gate: float, worst: str | None, above: int | None, runs: int | None,
+                      top: list[str]) -> str:
+    text = f"deviation from the golden runs: score {num(score, 'g')} (gate {num(gate, 'g')})"
+    if worst:
+        text += f"; most departing {worst}"
+    if above is not None and runs is not None:
+        text += f"; leave-one-out, {above:,} of {count(runs, 'golden run')} {'scores' if above == 1 else 'score'} above it"
+    return f"{text}: {'; '.join(top) or 'nothing departs'}"
+
+
+@template
+def _say_regression(step_ms: float, change_pct: float, golden_ms: float, allowed_pct: float, runs: int) -> str:
+    theirs = "the golden run's" if runs == 1 else "the golden runs'"
+    return (f"median step {num(step_ms, '.1f')} ms is {num(change_pct, '.1f')}% slower than {theirs} "
+            f"{num(golden_ms, '.1f')} ms (allowed: {num(allowed_pct, 'g')}%)")
+
+
+@template
+def _say_golden_deviation(name: str, runs: list[str], first: int, last: int, got: str, want: str, ratio: float,
+                          limit: str, band: str, learned: bool) -> str:
+    many = len(runs) != 1
+    names = f"golden run{'s' if many else ''} " + ", ".join(f"'{r}'" for r in runs) if runs else "the golden runs"
+    return (f"{name} deviates from {names} from step {first}: {got} vs {want} in the "
+            f"reference{'s' if many else ''} ({times(ratio, 'the reference', 2)}; {limit} {band}"
+            + (", learned from their spread" if learned else "") + ")"
+            + (f", through step {last}" if last != first else ""))

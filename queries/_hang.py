@@ -23,7 +23,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from ._model import AnalysisContext, EventRef, Finding, as_json, rows, span_list
+from ._model import AnalysisContext, EventRef, Finding, as_json, rows
+from ._text import count, num, rank_on, template
+from ._text import ranks as ranks_text
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -72,9 +74,7 @@ def analyze_hang(ctx: AnalysisContext) -> tuple[list[Finding], dict[str, Any]]:
     if not culprits and not mismatched and primary:
         for rank in primary["waiting"]:
             ctx.mark(rank, "waiting")
-        f = Finding("hang", "error",
-                    f"job hung: {wave_txt}, and no rank is outside it (suspect the network or a rank that left "
-                    "the group)", primary["waiting"], sorted({by_rank[r].node for r in primary["waiting"]}),
+        f = Finding("hang", "error", _say_hang_inside(wave_txt), primary["waiting"], sorted({by_rank[r].node for r in primary["waiting"]}),
                     details={"wavefront": wave_txt, "wave": primary})
         findings.append(f.cite(_beat_refs(pending, primary["waiting"])))
     for rank in waiting:
@@ -182,23 +182,46 @@ def _wavefronts(con: DuckDBPyConnection, pending_lists: dict[int, list[dict[str,
 
 
 def _wave_text(w: dict[str, Any]) -> str:
-    txt = f"ranks {span_list(w['waiting'])} wait in {w['op']} #{w['seq']} (group {w['group']})"
-    if w["missing"]:
-        txt += f"; never joined: rank{'s' if len(w['missing']) > 1 else ''} {span_list(w['missing'])}"
-    unseen = w["group_size"] - w["members_seen"]
+    return _say_wave(w["waiting"], w["op"], w["seq"], w["group"], w["missing"], w["group_size"] - w["members_seen"])
+
+
+@template
+def _say_wave(waiting: list[int], op: str, seq: int, group: str, missing: list[int], unseen: int) -> str:
+    verb = "waits" if len(set(waiting)) <= 1 else "wait"
+    txt = f"{ranks_text(waiting)} {verb} in {op} #{seq} (group {group})"
+    if missing:
+        txt += f"; never joined: {ranks_text(missing)}"
     if unseen > 0:
-        txt += f"; {unseen} member(s) of the group recorded nothing in it"
+        txt += f"; {count(unseen, 'member')} of the group recorded nothing in it"
     return txt
+
+
+@template
+def _say_hang_inside(wavefront: str) -> str:
+    return f"job hung: {wavefront}, and no rank is outside it (suspect the network or a rank that left the group)"
 
 
 def _doing(r: dict[str, Any]) -> str:
     beat = as_json(r["beat"])
-    if beat.get("in_op"):
-        return f"waiting in {beat['in_op']} #{beat.get('in_seq')} (group {beat.get('in_group')})"
-    if beat.get("in_span"):
-        return f"in {beat.get('in_cat', 'span')} '{beat['in_span']}' for {beat.get('span_age_ms', 0) / 1000:.1f}s"
-    if r["last_span"]:
-        return f"last finished {r['last_span_cat']} '{r['last_span']}'"
+    return _say_doing(beat.get("in_op"), beat.get("in_seq"), beat.get("in_group"), beat.get("in_cat"),
+                      beat.get("in_span"), (beat.get("span_age_ms") or 0) / 1000, r["last_span_cat"], r["last_span"])
+
+
+def _span_name(cat: str | None, name: str) -> str:
+    """``phase 'backward'``; a span named for its category (a step span called "step") as ``a step``."""
+    cat = cat or "span"
+    return f"a {cat}" if name == cat else f"{cat} '{name}'"
+
+
+@template
+def _say_doing(op: str | None, seq: int | None, group: str | None, cat: str | None, span: str | None, age_s: float,
+               last_cat: str | None, last_span: str | None) -> str:
+    if op:
+        return f"waiting in {op}" + (f" #{seq}" if seq is not None else "") + (f" (group {group})" if group else "")
+    if span:
+        return f"in {_span_name(cat, span)} for {num(age_s, '.1f')}s"
+    if last_span:
+        return f"last finished {_span_name(last_cat, last_span)}"
     return "no span recorded"
 
 
@@ -208,18 +231,20 @@ def _culprit_finding(ctx: AnalysisContext, r: dict[str, Any], why: str, is_silen
     rank = r["rank"]
     ctx.mark(rank, "silent" if is_silent else "stalled")
     quiet_s = (ctx.now(r) - (r["last_progress"] or r["last_ts"])) / 1e9
-    how = "silent (no heartbeat or event)" if is_silent else "stalled (alive, no progress)"
     doing = _doing(r)
     missed = [w for w in waves if rank in w["missing"]]
-    never = (f"; it never joined {missed[0]['op']} #{missed[0]['seq']} (group {missed[0]['group']})" if missed else "")
-    at = f" at step {r['last_step']}" if r["last_step"] is not None else ""
-    summary = (f"rank {rank} on node {r['node']} {how} for {quiet_s:.0f}s{at}: {doing}{never}"
-               + (f"; {wave_txt}" if wave_txt else ""))
+    never = f"{missed[0]['op']} #{missed[0]['seq']} (group {missed[0]['group']})" if missed else None
+    summary = _say_stalled(rank, r["node"], is_silent, quiet_s, r["last_step"], doing, never, wave_txt)
     logs = last_logs(con, rank)
     stack = stack_dump(con, rank)
     evidence = []
     if r["last_span"]:
-        evidence.append(f"last span: {r['last_span_cat']} '{r['last_span']}' (step {r['last_step']})")
+        step = r["last_step"]
+        if r["last_span"] == r["last_span_cat"] and step is not None:  # a step span named "step": "step 9"
+            evidence.append(f"last span: {r['last_span']} {step}")
+        else:
+            evidence.append(f"last span: {_span_name(r['last_span_cat'], r['last_span'])}"
+                            + (f" (step {step})" if step is not None else ""))
     evidence += [line for line, _ in logs]
     if stack and not any("main thread stack" in line for line, _ in logs):
         evidence.append(f"stack dump ({stack['msg']}):\n{stack['exc'].rstrip()}")
@@ -249,10 +274,7 @@ def _mismatch_finding(ctx: AnalysisContext, w: dict[str, Any], hung: bool) -> Fi
     culprits = sorted(w["mismatched"])
     for r in culprits:
         ctx.mark(r, "mismatch")
-    what = "; ".join(f"rank {r} in {v}" for r, v in sorted(w["mismatched"].items()))
-    size = f" ({w['bytes']} bytes)" if w["bytes"] is not None else ""
-    summary = (f"collective mismatch in group {w['group']} at #{w['seq']}: ranks {span_list(w['waiting'])} call "
-               f"{w['op']}{size}, but {what}" + ("; the job hangs there" if hung else ""))
+    summary = _say_mismatch(w["group"], w["seq"], w["waiting"], w["op"], w["bytes"], w["mismatched"], hung)
     f = Finding("collective_mismatch", "error", summary, culprits, sorted({by_rank[r].node for r in culprits}), [],
                 [], {"group": w["group"], "seq": w["seq"], "expected_op": w["op"], "expected_bytes": w["bytes"],
                      "mismatched": {str(k): v for k, v in w["mismatched"].items()}, "majority": w["waiting"],
@@ -307,7 +329,8 @@ def last_logs(con: DuckDBPyConnection, rank: int, n: int = 5) -> list[tuple[str,
     )
     lines = []
     for row in reversed(out):
-        line = f"last log: {row['level']} {row['logger']}: {row['msg']}"
+        head = " ".join(str(x) for x in (row["level"], row["logger"]) if x)
+        line = f"last log: {head}: {row['msg']}" if head else f"last log: {row['msg']}"
         if row["exc"] and str(row["logger"]).startswith("jobtrace"):
             line += "\n" + row["exc"].rstrip()
         lines.append((line, EventRef(rank, int(row["ts"]), "log", row["step"], row["span_id"], row["logger"])))
@@ -324,3 +347,22 @@ def stack_dump(con: DuckDBPyConnection, rank: int) -> dict[str, Any] | None:
     )
     return out[0] if out else None
 
+
+
+@template
+def _say_stalled(rank: int, node: str, silent: bool, quiet_s: float, last_step: int | None, activity: str,
+                 never_joined: str | None, wave: str) -> str:
+    how = "silent (no heartbeat or event)" if silent else "stalled (alive, no progress)"
+    at = f" at step {last_step}" if last_step is not None else ""
+    never = f"; it never joined {never_joined}" if never_joined else ""
+    return f"{rank_on(rank, node)} {how} for {num(quiet_s, '.0f')}s{at}: {activity}{never}" + (f"; {wave}" if wave else "")
+
+
+@template
+def _say_mismatch(group: str, seq: int, waiting: list[int], op: str, size: int | None, mismatched: dict[int, str],
+                  hung: bool) -> str:
+    what = "; ".join(f"rank {r} in {v}" for r, v in sorted(mismatched.items())) or "another rank does not"
+    verb = "calls" if len(set(waiting)) <= 1 else "call"
+    sized = f" ({count(size, 'byte')})" if size is not None else ""
+    return (f"collective mismatch in group {group} at #{seq}: {ranks_text(waiting)} {verb} {op}{sized}, but {what}"
+            + ("; the job hangs there" if hung else ""))

@@ -45,7 +45,9 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any, Final
 
-from ._model import AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, ids, ms, rows, span_list
+from ._model import AFTER_WARMUP, AnalysisConfig, AnalysisContext, EventRef, Finding, ids, ms, rows
+from ._text import count, num, step_range, template, times
+from ._text import ranks as ranks_text
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -86,9 +88,7 @@ def _nonfinite(con: DuckDBPyConnection, col: str, what: str) -> list[Finding]:
     ranks = rows(con, f"SELECT list(DISTINCT rank ORDER BY rank) AS r FROM mets WHERE {bad} AND step = ?",
                  [first["step"]])[0]["r"]
     all_ranks = rows(con, f"SELECT list(DISTINCT rank ORDER BY rank) AS r FROM mets WHERE {bad}")[0]["r"]
-    f = Finding("nan_loss", "error",
-                f"{what} from step {first['step']} on ranks {span_list(ranks)} ({first['n']} non-finite values in "
-                f"all, on {len(all_ranks)} rank(s))",
+    f = Finding("nan_loss", "error", _say_nonfinite(what, first["step"], ranks, first["n"], len(all_ranks)),
                 ranks, sorted(first["nodes"]), [first["step"]], [],
                 {"metric": col, "count": first["n"], "all_ranks": all_ranks})
     return [f.cite(_metric_refs(con, f"{bad} AND step = ?", [first["step"]]))]
@@ -119,8 +119,7 @@ def _nonfinite_messages(con: DuckDBPyConnection) -> list[Finding]:
     first = found[0]
     ranks = sorted({r["rank"] for r in found if r["ts"] == first["ts"]})
     f = Finding("nan_loss", "error",
-                f"non-finite values in training: {first['msg'].strip()[:160]!r} ({len(found)} such record(s) on ranks "
-                f"{span_list(sorted({r['rank'] for r in found}))})",
+                _say_nonfinite_messages(first["msg"], len(found), sorted({r["rank"] for r in found})),
                 ranks, sorted({r["node"] for r in found if r["node"]}), [first["step"]] if first["step"] is not None else [],
                 [], {"metric": "log", "count": len(found)})
     return [f.cite([EventRef(r["rank"], int(r["ts"]), "log", r["step"], r["span_id"]) for r in found])]
@@ -154,9 +153,8 @@ def _loss_spikes(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
         # robust-only jump below that (a 2-4x wiggle of a noisy loss) is shown, as info, and keeps exit 0.
         severity = "warning" if s["megatron"] or ratio >= cfg.spike_factor else "info"
         f = Finding("loss_spike", severity,
-                    f"loss spike at step {s['step']}: {s['loss']:.4g}, {ratio:.0f}x the recent median {s['recent']:.4g}"
-                    f" (max of the last {cfg.spike_window}: {s['recent_max']:.4g}; rule: {', '.join(rules)}; "
-                    f"ranks {span_list(s['ranks'])})",
+                    _say_loss_spike(s["step"], s["loss"], ratio, s["recent"], int(cfg.spike_window), s["recent_max"],
+                                    rules, s["ranks"]),
                     s["ranks"], [], [s["step"]], [],
                     {"loss": s["loss"], "recent_median": s["recent"], "recent_max": s["recent_max"], "rules": rules})
         out.append(f.cite([EventRef(r, int(t), "metric", s["step"], sid) for r, t, sid in
@@ -172,8 +170,7 @@ def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
                   [cfg.grad_norm_max])[0]
         if hi["n"]:
             f = Finding("grad_norm_high", "warning",
-                        f"gradient norm above {cfg.grad_norm_max:g} from step {hi['step']} ({hi['n']} values, up to "
-                        f"{hi['worst']:.4g}; ranks {span_list(hi['ranks'])})",
+                        _say_grad_norm_high(cfg.grad_norm_max, hi["step"], hi["n"], hi["worst"], hi["ranks"]),
                         hi["ranks"], [], [hi["step"]], [], {"count": hi["n"], "max": hi["worst"],
                                                             "threshold": cfg.grad_norm_max})
             out.append(f.cite(_metric_refs(con, "isfinite(grad_norm) AND grad_norm > ?", [cfg.grad_norm_max])))
@@ -194,8 +191,7 @@ def _grad_norm(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     )[0]
     if ex["n"]:
         f = Finding("grad_explosion", "warning",
-                    f"gradient norm exploded from step {ex['step']}: up to {ex['ratio']:.0f}x its recent median "
-                    f"({ex['worst']:.4g}; {ex['n']} values on ranks {span_list(ex['ranks'])})",
+                    _say_grad_explosion(ex["step"], ex["ratio"], ex["worst"], ex["n"], ex["ranks"]),
                     ex["ranks"], [], ex["steps"][:20], [], {"count": ex["n"], "max_ratio": ex["ratio"]})
         out.append(f.cite(_metric_refs(con, "step = ? AND grad_norm IS NOT NULL", [ex["step"]])))
     return out
@@ -212,11 +208,8 @@ def _loss_scale(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
                       FROM scaling""", {"floor": cfg.loss_scale_min})[0]
     if not ls["n"] or (ls["peak"] <= cfg.loss_scale_min and not ls["overflows"]):
         return []  # never above the floor and never overflowing: bf16 and fp32 runs report a constant 1.0
-    at = f"step {ls['step']}" if ls["step"] is not None else "its first record there"
     f = Finding("loss_scale_collapse", "error",
-                f"fp16 loss scale collapsed to {ls['first_value']:g} at {at} (peak {ls['peak']:g}, lowest "
-                f"{ls['lowest']:g}): gradients overflow every step, so updates are being skipped (ranks "
-                f"{span_list(ls['ranks'])})",
+                _say_loss_scale_collapse(ls["first_value"], ls["step"], ls["peak"], ls["lowest"], ls["ranks"]),
                 ls["ranks"], [], [ls["step"]] if ls["step"] is not None else [], [],
                 {"peak": ls["peak"], "count": ls["n"], "lowest": ls["lowest"], "overflows": ls["overflows"]})
     refs = rows(con, """SELECT rank, ts, step, span_id FROM scaling WHERE loss_scale <= ? ORDER BY ts, rank LIMIT 10""",
@@ -255,11 +248,9 @@ def _overflow_cascade(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Find
         scales = [x for sk in run for x in (sk["attempted_loss_scale"], sk["loss_scale"]) if x is not None]
         ranks = sorted({sk["rank"] for sk in run})
         steps = sorted({sk["step"] for sk in run if sk["step"] is not None})
-        span = (f" from {scales[0]:g} to {scales[-1]:g}") if scales else ""
         f = Finding("overflow_cascade", "warning",
-                    f"{len(run)} fp16 overflow skips in a row after training had settled"
-                    f"{f' (from step {steps[0]})' if steps else ''}: the loss scale fell{span}, and each skip "
-                    f"drops an update (ranks {span_list(ranks)})",
+                    _say_overflow_cascade(len(run), steps[0] if steps else None, scales[0] if scales else None,
+                                          scales[-1] if scales else None, ranks),
                     ranks, sorted({sk["node"] for sk in run if sk["node"]}), steps[:20], [],
                     {"count": len(run), "loss_scale_start": scales[0] if scales else None,
                      "loss_scale_end": scales[-1] if scales else None})
@@ -311,9 +302,7 @@ def _divergence(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
         return []
     ranks = [h[0] for h in hits]
     rank, step, base, last, last_step, rule = hits[0]
-    f = Finding("divergence", "warning",
-                f"loss diverged from step {step}: {base:.4g} → {last:.4g} at step {last_step} "
-                f"({last / base:.1f}x; rule: {rule}; ranks {span_list(ranks)})",
+    f = Finding("divergence", "warning", _say_divergence(step, base, last, last_step, rule, ranks),
                 ranks, [], [step], [], {"loss_before": base, "loss_last": last, "last_step": last_step, "rule": rule})
     return [f.cite(_metric_refs(con, "step >= ? AND loss IS NOT NULL", [step]))]
 
@@ -323,8 +312,7 @@ def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
     bad = rows(con, """SELECT min(step) AS step, count(*) AS n, list(DISTINCT rank ORDER BY rank) AS ranks
                        FROM mets WHERE lr IS NOT NULL AND (NOT isfinite(lr) OR lr < 0)""")[0]
     if bad["n"]:
-        f = Finding("lr_anomaly", "error", f"learning rate is negative or non-finite from step {bad['step']} "
-                    f"(ranks {span_list(bad['ranks'])})", bad["ranks"], [], [bad["step"]], [],
+        f = Finding("lr_anomaly", "error", _say_lr_invalid(bad["step"], bad["ranks"]), bad["ranks"], [], [bad["step"]], [],
                     {"reason": "invalid", "count": bad["n"]})
         out.append(f.cite(_metric_refs(con, "lr IS NOT NULL AND (NOT isfinite(lr) OR lr < 0)", [])))
     dis = rows(con, """SELECT step, min(lr) AS lo, max(lr) AS hi, mode(lr) AS common, count(*) AS n
@@ -334,9 +322,7 @@ def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
         d = dis[0]
         odd = rows(con, "SELECT list(rank ORDER BY rank) AS r FROM mets WHERE step = ? AND lr <> ?",
                    [d["step"], d["common"]])[0]["r"]
-        f = Finding("lr_anomaly", "warning",
-                    f"ranks disagree on the learning rate from step {d['step']}: ranks {span_list(odd)} differ from "
-                    f"{d['common']:.4g} (range {d['lo']:.4g}–{d['hi']:.4g}); a scheduler stepped unevenly?",
+        f = Finding("lr_anomaly", "warning", _say_lr_disagree(d["step"], odd, d["common"], d["lo"], d["hi"]),
                     odd, [], [d["step"]], [], {"reason": "ranks_disagree", "common": d["common"]})
         out.append(f.cite(_metric_refs(con, "step = ? AND lr <> ?", [d["step"], d["common"]])))
     jumps = rows(
@@ -349,9 +335,7 @@ def _lr(con: DuckDBPyConnection, cfg: AnalysisConfig) -> list[Finding]:
         [cfg.lr_jump_factor],
     )
     for j in jumps:
-        f = Finding("lr_anomaly", "info",
-                    f"learning rate jumped {j['ratio']:.1f}x at step {j['step']} ({j['prev']:.4g} → {j['lr']:.4g}); "
-                    f"a schedule restart, or a resumed job with a reset scheduler?",
+        f = Finding("lr_anomaly", "info", _say_lr_jump(j["ratio"], j["step"], j["prev"], j["lr"]),
                     j["ranks"], [], [j["step"]], [], {"reason": "jump", "ratio": j["ratio"]})
         out.append(f.cite(_metric_refs(con, "step = ? AND lr IS NOT NULL", [j["step"]])))
     return out
@@ -409,9 +393,7 @@ def _leaks(ctx: AnalysisContext) -> list[Finding]:
     rates = [(r["f1"] - r["f0"]) / max(1, r["s1"] - r["start"] + 1) for r in leaks]
     ranks = [r["rank"] for r in leaks]
     f = Finding("memory_leak", "warning",
-                f"memory leak on rank{'s' if len(ranks) > 1 else ''} {span_list(ranks)}: {label} grows "
-                f"{statistics.median(rates) / 2**20:.1f} MB/step from step {start} (+{growth / 2**20:.0f} MB by step "
-                f"{end}) and is never released",
+                _say_memory_leak(ranks, label, statistics.median(rates) / 2**20, start, growth / 2**20, end),
                 ranks, sorted({r["node"] for r in leaks}), [start], [],
                 {"metric": col, "start_step": start, "growth_mb": round(growth / 2**20, 1),
                  "mb_per_step": round(statistics.median(rates) / 2**20, 2),
@@ -442,13 +424,9 @@ def _data_wait(ctx: AnalysisContext) -> list[Finding]:
     data_ms = statistics.median(p["data_ns"] for p in slow) / 1e6
     everyone = len(slow) == len(per)
     others = [p for p in per if p["rank"] not in ranks]
-    who = "every rank" if everyone else f"rank{'s' if len(ranks) > 1 else ''} {span_list(ranks)}"
-    tail = ("the job is input-bound: the data loader cannot keep up" if everyone else
-            f"the other ranks wait for {'them' if len(ranks) > 1 else 'it'} in the step's collectives "
-            f"(their data wait: {statistics.median(p['data_ns'] or 0 for p in others) / 1e6:.1f} ms)" if others else "")
+    others_ms = statistics.median(p["data_ns"] or 0 for p in others) / 1e6 if others else None
     f = Finding("data_wait", "warning",
-                f"{who} spend{'s' if len(ranks) == 1 and not everyone else ''} {share:.0%} of the step waiting for data "
-                f"({data_ms:.1f} ms per step, median; {sum(p['io_steps'] for p in slow)} I/O-bound steps): {tail}",
+                _say_data_wait(ranks, everyone, share, data_ms, sum(p["io_steps"] for p in slow), others_ms),
                 ranks, sorted({p["node"] for p in slow}), [], [],
                 {"share": round(share, 3), "data_ms": round(data_ms, 3), "input_bound_job": everyone})
     for r in ranks:
@@ -499,10 +477,9 @@ def _throughput(ctx: AnalysisContext) -> list[Finding]:
     back = next((j for j in range(start + window, len(smooth)) if smooth[j] < (1 + cfg.throughput_drop / 2) * best), None)
     after = statistics.median(smooth[start:back] if back else smooth[start:])
     s = per[start]["step"]
-    rec = f"; recovered at step {per[back]['step']}" if back is not None else "; it did not recover"
     f = Finding("throughput_drop", "warning",
-                f"throughput dropped {1 - best / after:.0%} from step {s}: median step {after / 1e6:.1f} ms vs "
-                f"{best / 1e6:.1f} ms before{rec}",
+                _say_throughput_drop(1 - best / after, s, after / 1e6, best / 1e6,
+                                     per[back]["step"] if back is not None else None),
                 [], [], [s] + ([per[back]["step"]] if back is not None else []), [],
                 {"start_step": s, "before_ms": ms(best), "after_ms": ms(after),
                  "recovered_step": per[back]["step"] if back is not None else None})
@@ -552,7 +529,119 @@ def _comm_trend(ctx: AnalysisContext) -> list[Finding]:
            for w in wins[-2:]):
         return []
     return [Finding("comm_share_rising", "warning",
-                    f"communication share of step time rose from {first['transfer_share']:.0%} (steps "
-                    f"{first['s_lo']}–{first['s_hi']}) to {last['transfer_share']:.0%} (steps {last['s_lo']}–"
-                    f"{last['s_hi']}), not counting waits for stragglers: the network or the payload grew",
+                    _say_comm_share_rising(first["transfer_share"] or 0.0, first["s_lo"], first["s_hi"],
+                                           last["transfer_share"] or 0.0, last["s_lo"], last["s_hi"]),
                     [], [], [first["s_lo"], last["s_hi"]], [], {"windows": wins})]
+
+
+# The findings' wording: plain values in, one phrase out (see queries._text; tests/queries/test_report_text.py
+# renders each with singular, plural, zero and infinite values).
+
+
+@template
+def _say_nonfinite(what: str, step: int, ranks: list[int], values: int, on_ranks: int) -> str:
+    return (f"{what} from step {step} on {ranks_text(ranks)} ({count(values, 'non-finite value')} in all, "
+            f"on {count(on_ranks, 'rank')})")
+
+
+@template
+def _say_nonfinite_messages(msg: str, records: int, ranks: list[int]) -> str:
+    return f"non-finite values in training: {msg.strip()[:160]!r} ({count(records, 'such record')} on {ranks_text(ranks)})"
+
+
+@template
+def _say_loss_spike(step: int, loss: float, ratio: float, median: float, window: int, recent_max: float,
+                    rules: list[str], ranks: list[int]) -> str:
+    return (f"loss spike at step {step}: {num(loss)}, {times(ratio, f'the recent median {num(median)}', 0)} (max of "
+            f"the last {count(window, 'step')}: {num(recent_max)}; {'rule' if len(rules) == 1 else 'rules'}: "
+            f"{', '.join(rules) or 'none'}; {ranks_text(ranks)})")
+
+
+@template
+def _say_grad_norm_high(threshold: float, step: int, values: int, worst: float, ranks: list[int]) -> str:
+    return (f"gradient norm above {num(threshold, 'g')} from step {step} ({count(values, 'value')}, up to {num(worst)}; "
+            f"{ranks_text(ranks)})")
+
+
+@template
+def _say_grad_explosion(step: int, ratio: float, worst: float, values: int, ranks: list[int]) -> str:
+    return (f"gradient norm exploded from step {step}: up to {times(ratio, 'its recent median', 0)} ({num(worst)}; "
+            f"{count(values, 'value')} on {ranks_text(ranks)})")
+
+
+@template
+def _say_loss_scale_collapse(value: float, step: int | None, peak: float, lowest: float, ranks: list[int]) -> str:
+    at = f"step {step}" if step is not None else "its first record there"
+    return (f"fp16 loss scale collapsed to {num(value, 'g')} at {at} (peak {num(peak, 'g')}, lowest "
+            f"{num(lowest, 'g')}): gradients overflow every step, so updates are being skipped ({ranks_text(ranks)})")
+
+
+@template
+def _say_overflow_cascade(skips: int, step: int | None, scale_from: float | None, scale_to: float | None,
+                          ranks: list[int]) -> str:
+    fell = (f" from {num(scale_from, 'g')} to {num(scale_to, 'g')}" if scale_from is not None and scale_to is not None
+            else "")
+    return (f"{count(skips, 'fp16 overflow skip')} in a row after training had settled"
+            f"{f' (from step {step})' if step is not None else ''}: the loss scale fell{fell}, and each skip "
+            f"drops an update ({ranks_text(ranks)})")
+
+
+@template
+def _say_divergence(step: int, before: float, last: float, last_step: int, rule: str, ranks: list[int]) -> str:
+    ratio = last / before if before else math.inf
+    return (f"loss diverged from step {step}: {num(before)} → {num(last)} at step {last_step} "
+            f"({times(ratio, 'where it was', 1)}; rule: {rule}; {ranks_text(ranks)})")
+
+
+@template
+def _say_lr_invalid(step: int, ranks: list[int]) -> str:
+    return f"learning rate is negative or non-finite from step {step} ({ranks_text(ranks)})"
+
+
+@template
+def _say_lr_disagree(step: int, odd: list[int], common: float, lo: float, hi: float) -> str:
+    verb = "differs" if len(set(odd)) <= 1 else "differ"
+    return (f"ranks disagree on the learning rate from step {step}: {ranks_text(odd)} {verb} from {num(common)} "
+            f"(range {num(lo)}" + (f"–{num(hi)}" if hi != lo else "") + "); a scheduler stepped unevenly?")
+
+
+@template
+def _say_lr_jump(ratio: float, step: int, before: float, after: float) -> str:
+    return (f"learning rate jumped {times(ratio, 'its value before', 1)} at step {step} ({num(before)} → {num(after)}); "
+            f"a schedule restart, or a resumed job with a reset scheduler?")
+
+
+@template
+def _say_memory_leak(ranks: list[int], label: str, mb_per_step: float, start: int, growth_mb: float, end: int) -> str:
+    return (f"memory leak on {ranks_text(ranks)}: {label} grows {num(mb_per_step, '.1f')} MB/step from step {start} "
+            f"(+{num(growth_mb, '.0f')} MB by step {end}) and is never released")
+
+
+@template
+def _say_data_wait(ranks: list[int], everyone: bool, share: float, data_ms: float, io_steps: int,
+                   others_ms: float | None) -> str:
+    one = len(set(ranks)) <= 1 and not everyone
+    who = "every rank" if everyone else ranks_text(ranks)
+    if everyone:
+        tail = ": the job is input-bound (the data loader cannot keep up)"
+    elif others_ms is not None:
+        tail = (f": the other ranks wait for {'it' if one else 'them'} in the step's collectives "
+                f"(their data wait: {num(others_ms, '.1f')} ms)")
+    else:
+        tail = ""
+    return (f"{who} {'spends' if one or everyone else 'spend'} {num(share * 100, '.0f')}% of the step waiting for "
+            f"data ({num(data_ms, '.1f')} ms per step, median; {count(io_steps, 'I/O-bound step')}){tail}")
+
+
+@template
+def _say_throughput_drop(drop: float, step: int, after_ms: float, before_ms: float, recovered: int | None) -> str:
+    rec = f"; recovered at step {recovered}" if recovered is not None else "; it did not recover"
+    return (f"throughput dropped {num(drop * 100, '.0f')}% from step {step}: median step {num(after_ms, '.1f')} ms vs "
+            f"{num(before_ms, '.1f')} ms before{rec}")
+
+
+@template
+def _say_comm_share_rising(share_from: float, lo0: int, hi0: int, share_to: float, lo1: int, hi1: int) -> str:
+    return (f"communication share of step time rose from {num(share_from * 100, '.0f')}% ({step_range(lo0, hi0)}) to "
+            f"{num(share_to * 100, '.0f')}% ({step_range(lo1, hi1)}), not counting waits for stragglers: the network "
+            f"or the payload grew")

@@ -246,7 +246,7 @@ class LiveState:
             elif msg.startswith("received SIG"):  # stopped from outside: a consequence, unless nothing else died
                 r.terminated = ts
             return
-        r.logs.append(f"{e.get('level') or ''} {logger}: {msg}"[:300])
+        r.logs.append(" ".join(x for x in (e.get("level") or "", f"{logger}:" if logger else "", msg) if x)[:300])
         r.last_progress = max(r.last_progress, ts)
 
     # ---- judging ---------------------------------------------------------------------------------

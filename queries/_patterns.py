@@ -20,10 +20,12 @@ Two templates are the same when they have the same tokens, where ``<*>`` on eith
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ._model import Finding, rows
+from ._text import count, num, template
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -123,8 +125,7 @@ def compare_patterns(new: dict[str, Any], refs: Sequence[tuple[str, dict[str, An
             if t["level"] >= WARNING:
                 findings.append(Finding(
                     "new_log_pattern", "warning",
-                    f"a {_level(t['level'])} the golden runs never logged ({t['count']} line(s) on {t['ranks']} "
-                    f"rank(s), first at step {t['first_step']}): {t['example']}",
+                    _say_new_pattern(_level(t["level"]), t["count"], t["ranks"], t["first_step"], t["example"]),
                     [], [], [t["first_step"]] if t["first_step"] is not None else [], [t["example"]],
                     {"template": text, "count": t["count"], "level": _level(t["level"]), "references": names}))
             continue
@@ -134,11 +135,9 @@ def compare_patterns(new: dict[str, Any], refs: Sequence[tuple[str, dict[str, An
         hi, lo = max(ref_rates), min(ref_rates)
         if (rate >= RATE_FACTOR * hi and t["count"] >= MIN_COUNT) or (lo > 0 and rate * RATE_FACTOR <= lo
                                                                        and hi * steps >= MIN_COUNT):
-            more = rate > hi
             findings.append(Finding(
                 "log_pattern_rate", "warning",
-                f"logged {rate / (hi if more else lo):.1f}x {'more' if more else 'less'} often than in the golden runs "
-                f"({rate:.2f} per step vs {lo:.2f}-{hi:.2f}): {t['example']}",
+                _say_pattern_rate(rate, lo, hi, t["example"]),
                 [], [], [], [t["example"]],
                 {"template": text, "rate_per_step": round(rate, 4), "golden_rates": [round(r, 4) for r in ref_rates],
                  "references": names}))
@@ -147,10 +146,36 @@ def compare_patterns(new: dict[str, Any], refs: Sequence[tuple[str, dict[str, An
         if len(counts) == len(refs) and min(counts) >= 2 and _find(text, new["templates"]) is None:
             findings.append(Finding(
                 "missing_log_pattern", "warning",
-                f"every golden run logged this ({min(counts)}-{max(counts)} times), this job never: {t['example']}",
+                _say_missing_pattern(min(counts), max(counts), t["example"]),
                 [], [], [], [t["example"]], {"template": text, "golden_counts": counts, "references": names}))
     return findings
 
 
 def _level(n: int) -> str:
     return {30: "warning", 40: "error", 50: "critical"}.get(n, "info")
+
+
+# The findings' wording: plain values in, one phrase out (see queries._text; tests/queries/test_report_text.py
+# renders each with singular, plural, zero and infinite values).
+
+
+@template
+def _say_new_pattern(level: str, lines: int, ranks: int, first_step: int | None, example: str) -> str:
+    first = f", first at step {first_step}" if first_step is not None else ""
+    return (f"{'an' if level[:1] in 'aeiou' else 'a'} {level} the golden runs never logged ({count(lines, 'line')} "
+            f"on {count(ranks, 'rank')}{first}): {example}")
+
+
+@template
+def _say_pattern_rate(rate: float, lo: float, hi: float, example: str) -> str:
+    more = rate > hi
+    ratio = (rate / hi if hi else math.inf) if more else (lo / rate if rate else math.inf)
+    band = f"{num(lo, '.2f')}" if lo == hi else f"{num(lo, '.2f')}–{num(hi, '.2f')}"
+    how = (f"{ratio:.1f}× " if math.isfinite(ratio) else "") + f"{'more' if more else 'less'} often"
+    return f"logged {how} than in the golden runs ({num(rate, '.2f')} per step vs {band}): {example}"
+
+
+@template
+def _say_missing_pattern(lo: int, hi: int, example: str) -> str:
+    n = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+    return f"every golden run logged this ({n} {'time' if hi == 1 else 'times'}), this job never: {example}"

@@ -38,8 +38,9 @@ from ._model import (
     ids,
     ms,
     rows,
-    span_list,
 )
+from ._text import count, num, rank_on, step_range, template, times, windows
+from ._text import ranks as ranks_text
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -144,9 +145,8 @@ def analyze_stragglers(ctx: AnalysisContext) -> tuple[list[Finding], list[NodeSu
         wr = r["_w"]
         f = Finding(
             "slow_episode", "warning",
-            f"rank {r['rank']} on node {r['node']} was slow over steps {wr['first_slow']}–{wr['last_slow']} "
-            f"(straggler score {wr['min_rel']:.2f}, compute {wr['max_ratio']:.1f}x the median rank) and recovered: "
-            f"slow in {wr['nf']} of {wr['nw']} windows of {w} steps",
+            _say_slow_episode(r["rank"], r["node"], wr["first_slow"], wr["last_slow"], wr["min_rel"], wr["max_ratio"],
+                              wr["nf"], wr["nw"], w),
             [r["rank"]], [r["node"]], [wr["first_slow"], wr["last_slow"]], [],
             {"min_score": round(wr["min_rel"], 3), "windows_slow": wr["nf"], "windows": wr["nw"],
              "window_steps": w, "chronic": False},
@@ -214,15 +214,14 @@ def _phase_split(ctx: AnalysisContext) -> list[Finding]:
         run = _longest_run(hit_steps, steps)
         share = len(hits) / len(steps)
         if share >= cfg.chronic_fraction:
-            kind, what = "slow_rank", f"on {len(hits)} of {len(steps)} steps"
+            kind = "slow_rank"
         elif len(run) >= _EPISODE_STEPS:
-            kind, what = "slow_episode", f"over steps {run[0]}–{run[-1]} and recovered"
+            kind = "slow_episode"
         else:
             continue
         f = Finding(kind, "warning",
-                    f"rank {rank} on node {node} is slow in {phase} {what}: {excess_ms:.1f} ms over the median rank "
-                    f"(median), while the others wait for it in the phases after (their step times match: the "
-                    f"job is synchronised)",
+                    _say_phase_split(rank, node, phase, kind == "slow_rank", len(hits), len(steps), run[0], run[-1],
+                                     excess_ms),
                     [rank], [node], [run[0], run[-1]] if kind == "slow_episode" else [], [],
                     {"phase": phase, "excess_ms": round(excess_ms, 3), "steps_flagged": len(hits),
                      "steps": len(steps), "rule": "phase split", "chronic": kind == "slow_rank"})
@@ -248,7 +247,7 @@ def _job_time_ns(ctx: AnalysisContext) -> float:
     timed = [r for r in ctx.ranks if r.get("step_ns") and r.get("n")]
     if not timed:
         return 0.0
-    return statistics.median(r["step_ns"] * r["n"] for r in timed)
+    return float(statistics.median(r["step_ns"] * r["n"] for r in timed))
 
 
 def late_arrival_findings(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
@@ -269,8 +268,7 @@ def late_arrival_findings(ctx: AnalysisContext, named: set[int]) -> list[Finding
         node = by_rank[rank].node if rank in by_rank else ""
         out.append(Finding(
             "late_arrival", "warning",
-            f"rank {rank} on node {node} arrives last at {lr['n_last']} of {total} collectives "
-            f"({share:.0%}), {lr['lead_ns'] / 1e6:.1f} ms after the median rank (median); the others wait for it",
+            _say_late_arrival(rank, node, lr["n_last"], total, share, lr["lead_ns"] / 1e6),
             [rank], [node], [], [], {"last_arrivals": lr["n_last"], "instances": total, "share": round(share, 3),
                                      "late_ms": ms(lr["lead_ns"]),
                                      "imposed_wait_ms": ms(lr["lead_total_ns"])},
@@ -372,15 +370,7 @@ def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[
             # Slower, but the others do not wait for it: its own collective wait shrinks by what it
             # loses in compute (a busy core, a rank with more host work), so the job is not slowed.
             continue
-        step_txt = f"steps {steps[0]}–{steps[-1]}" if steps else "most steps"
-        if onset:
-            step_txt = f"steps {since}–{steps[-1] if steps else 'end'} (slow since step {since}, not before)"
         coll_self = statistics.median(r["coll_ns"] or 0 for r in members)
-        wait_txt = (
-            f"; the other ranks spend that time waiting in {op} ({other_coll / 1e6:.1f} ms per step vs "
-            f"{coll_self / 1e6:.1f} ms on {'these ranks' if len(members) > 1 else 'this rank'})"
-            if op and other_coll > coll_self else ""
-        )
         scores = [s for s in (by_rank[i].score for i in member_ids) if s is not None]
         score = min(scores) if scores else None
         if onset:
@@ -388,16 +378,12 @@ def _chronic(ctx: AnalysisContext, slow: list[dict[str, Any]], timed: list[dict[
         nf = sum(r["_w"]["nf"] for r in members)
         nw = sum(r["_w"]["nw"] for r in members)
         lasts = sum(int(late["per_rank"].get(i, {}).get("n_last", 0)) for i in member_ids)
-        late_txt = (f"; arrives last at {lasts} of {total} collectives" if total and lasts else "")
         kind = "slow_node" if label.startswith("node") else "slow_rank"
-        if kind == "slow_node":
-            label += f" (all {len(members)} ranks: {span_list(member_ids)})"
-        summary = (
-            f"{label}: compute (forward+backward+optimizer) {ratio:.1f}x the median rank over {step_txt} "
-            f"({own / 1e6:.1f} ms vs {ref / 1e6:.1f} ms per step){wait_txt}; straggler score "
-            f"{score if score is not None else float('nan'):.2f} (fastest rank = 1), slow in {nf} of {nw} windows"
-            f"{late_txt}"
-        )
+        summary = _say_chronic(
+            label.removeprefix("node ") if kind == "slow_node" else None, member_ids, members[0]["node"], ratio,
+            steps[0] if steps else None, steps[-1] if steps else None, since if onset else None, own / 1e6,
+            ref / 1e6, op if op and other_coll > coll_self else None, other_coll / 1e6, coll_self / 1e6, score, nf, nw,
+            lasts, total)
         for r in members:
             ctx.mark(r["rank"], "slow")
         f = Finding(
@@ -505,8 +491,7 @@ def _one_offs(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
         excess = statistics.median(r["own"] - r["own_med"] for r in rs)
         f = Finding(
             "job_pause", "info",
-            f"{len(rs)} of {n_ranks} ranks paused together at step {s} for {excess / 1e9:.2f} s "
-            f"(a checkpoint, evaluation or garbage collection?); a one-off, not a straggler",
+            _say_job_pause(len(rs), n_ranks, s, excess / 1e9),
             sorted(r["rank"] for r in rs), sorted({r["node"] for r in rs}), [s], [], {"excess_ms": ms(excess)},
         )
         findings.append(f.cite([EventRef(r["rank"], int(r["t1"]), "span", s, r["span_id"], "step") for r in rs]))
@@ -519,16 +504,12 @@ def _one_offs(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
         worst = max(rs, key=lambda r: r["own"] - r["own_med"])
         rsum = by_rank[rank]
         many = len(rs) > max(3, n_steps // 10)
-        steps_txt = ", ".join(str(r["step"]) for r in rs[:8]) + ("…" if len(rs) > 8 else "")
-        wait = f"; the others waited in {worst['op']}" if worst["op"] else ""
-        score = f"straggler score {rsum.score:.2f}" if rsum.score is not None else "no straggler score"
         kind, sev = ("intermittent_stall", "warning") if many else ("transient_stall", "info")
-        what = f"{len(rs)} long steps ({steps_txt})" if len(rs) > 1 else f"a one-off stall at step {worst['step']}"
         f = Finding(
             kind, sev,
-            f"rank {rank} on node {rsum.node}: {what}, the longest {(worst['own'] - worst['own_med']) / 1e9:.2f} s "
-            f"over its median ({worst['own'] / 1e6:.1f} ms vs {worst['own_med'] / 1e6:.1f} ms of own time){wait}; "
-            f"not chronic: {score}, slow in {rsum.slow_windows} of {rsum.windows} windows",
+            _say_stalls(rank, rsum.node, [r["step"] for r in rs], (worst["own"] - worst["own_med"]) / 1e9,
+                        worst["own"] / 1e6, worst["own_med"] / 1e6, worst["op"], rsum.score, rsum.slow_windows,
+                        rsum.windows),
             [rank], [rsum.node], [r["step"] for r in rs], [],
             {"chronic": False, "stall_ms": ms(worst["own"] - worst["own_med"]), "count": len(rs),
              "score": rsum.score, "windows_slow": rsum.slow_windows, "windows": rsum.windows},
@@ -537,3 +518,81 @@ def _one_offs(ctx: AnalysisContext, named: set[int]) -> list[Finding]:
         if many:
             ctx.mark(rank, "stalls")
     return findings
+
+
+# The findings' wording: plain values in, one phrase out (see queries._text; tests/queries/test_report_text.py
+# renders each with singular, plural, zero and infinite values).
+
+
+def _score(score: float | None, scale: bool = True) -> str:
+    """``straggler score 0.50 (fastest rank = 1)``; ``scale=False`` inside a parenthesis (no nested brackets)."""
+    if score is None:
+        return "no straggler score"
+    return f"straggler score {num(score, '.2f')}" + (" (fastest rank = 1)" if scale else " of 1")
+
+
+@template
+def _say_slow_episode(rank: int, node: str, first: int, last: int, score: float, ratio: float, slow_windows: int,
+                      windows_: int, window_steps: int) -> str:
+    return (f"{rank_on(rank, node)} was slow over {step_range(first, last)} ({_score(score, scale=False)}, compute "
+            f"{times(ratio, 'the median rank')}) and recovered: {windows(slow_windows, windows_, window_steps)}")
+
+
+@template
+def _say_phase_split(rank: int, node: str, phase: str, chronic: bool, flagged: int, steps: int, first: int, last: int,
+                     excess_ms: float) -> str:
+    what = f"on {flagged:,} of {count(steps, 'step')}" if chronic else f"over {step_range(first, last)} and recovered"
+    return (f"{rank_on(rank, node)} is slow in {phase} {what}: {num(excess_ms, '.1f')} ms over the median rank "
+            f"(median), while the others wait for it in the phases after (their step times match: the job is "
+            f"synchronised)")
+
+
+@template
+def _say_late_arrival(rank: int, node: str, last: int, total: int, share: float, late_ms: float) -> str:
+    return (f"{rank_on(rank, node)} arrives last at {last:,} of {count(total, 'collective')} "
+            f"({num(share * 100, '.0f')}%), {num(late_ms, '.1f')} ms after the median rank (median); the others "
+            f"wait for it")
+
+
+@template
+def _say_chronic(node: str | None, ranks: list[int], rank_node: str, ratio: float, first: int | None,
+                 last: int | None, since: int | None, own_ms: float, ref_ms: float, op: str | None, others_ms: float,
+                 self_ms: float, score: float | None, slow_windows: int, windows_: int, last_arrivals: int,
+                 collectives: int) -> str:
+    one = len(set(ranks)) == 1
+    if node is not None:
+        label = f"node {node} ({ranks_text(ranks)}, {'its only rank' if one else 'all of its ranks'})"
+    else:
+        label = rank_on(ranks[0], rank_node) if ranks else f"a rank on node {rank_node}"
+    if since is not None:
+        over = (f"steps {since}–{last if last is not None else 'the end'}" if last != since else f"step {since}")
+        over += f" (slow since step {since}, not before)"
+    else:
+        over = step_range(first, last) if first is not None and last is not None else "most steps"
+    wait = (f"; the other ranks spend that time waiting in {op} ({num(others_ms, '.1f')} ms per step vs "
+            f"{num(self_ms, '.1f')} ms on {'this rank' if one else 'these ranks'})" if op else "")
+    late = (f"; {'arrives' if one else 'they arrive'} last at {last_arrivals:,} of {count(collectives, 'collective')}"
+            if collectives and last_arrivals else "")
+    return (f"{label}: compute (forward+backward+optimizer) {times(ratio, 'the median rank')} over {over} "
+            f"({num(own_ms, '.1f')} ms vs {num(ref_ms, '.1f')} ms per step){wait}; {_score(score)}, "
+            f"{windows(slow_windows, windows_)}{late}")
+
+
+@template
+def _say_job_pause(paused: int, ranks: int, step: int, seconds: float) -> str:
+    return (f"{paused:,} of {count(ranks, 'rank')} paused together at step {step} for {num(seconds, '.2f')} s (a "
+            f"checkpoint, evaluation or garbage collection?); a one-off, not a straggler")
+
+
+@template
+def _say_stalls(rank: int, node: str, steps: list[int], longest_s: float, own_ms: float, median_ms: float,
+                op: str | None, score: float | None, slow_windows: int, windows_: int) -> str:
+    if len(steps) > 1:
+        listed = ", ".join(str(s) for s in steps[:8]) + (", …" if len(steps) > 8 else "")
+        what = f"{count(len(steps), 'long step')} ({listed}), the longest"
+    else:
+        what = f"a one-off stall at step {steps[0]}," if steps else "a one-off stall,"
+    wait = f"; the others waited in {op}" if op else ""
+    return (f"{rank_on(rank, node)}: {what} {num(longest_s, '.2f')} s over its median ({num(own_ms, '.1f')} ms vs "
+            f"{num(median_ms, '.1f')} ms of own time){wait}; not chronic: {_score(score)}, "
+            f"{windows(slow_windows, windows_)}")

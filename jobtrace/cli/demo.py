@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Any
 
@@ -70,6 +71,7 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     3 error (torch missing, job not found), 4 internal error (rerun with --debug).
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from jobtrace.demo import DemoConfig, run_job
     from queries import AnalysisConfig, analyze, load_local
@@ -83,11 +85,9 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
                      slow_ms=slow_ms, hang_rank=hang_rank, hang_step=hang_step, nan_step=nan_step,
                      ranks_per_node=ranks_per_node, wrap=wrap or "none", marks=not no_marks,
                      quiet=not verbose)
-    fault = (f"slow ranks {list(slow_rank)}" if slow_rank else "") + (f" hang rank {hang_rank}" if hang_rank is not None else "")
-    fault += f" NaN loss from step {nan_step}" if nan_step is not None else ""
     how = {"ddp": ", DistributedDataParallel", "fsdp": ", FSDP2"}.get(wrap or "", "")
-    console.print(f"[bold]jobtrace demo[/]: job {job_id}, {ranks} ranks{how}, {steps} steps, "
-                  f"{fault.strip() or 'no fault'}")
+    console.print(f"[bold]jobtrace demo[/]: job {escape(job_id)}, {ranks} ranks{how}, {steps} steps, "
+                  f"{escape(cfg.faults())}")
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -96,6 +96,6 @@ def demo(ranks: int, steps: int, slow_rank: tuple[int, ...], slow_ms: float, han
     t0 = time.monotonic()
     rc = run_job(cfg)
     console.print(f"job {'stopped after a stall' if rc == -1 else f'exited with {rc}'} in {time.monotonic() - t0:.1f}s; "
-                  f"tracing it: trace-job {job_id} --data-dir {data_dir}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))
+                  f"tracing it: trace-job {escape(shlex.quote(job_id))} --data-dir {escape(shlex.quote(data_dir))}" + (f" --stall-threshold {cfg.stall_s:g}" if hang_rank is not None else ""))
     report = analyze(load_local(data_dir, job_id), AnalysisConfig(stall_s=cfg.stall_s if hang_rank is not None else 300.0))
     report_and_exit(report, as_json)

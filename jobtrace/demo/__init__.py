@@ -67,6 +67,35 @@ class DemoConfig:
     timeout_s: float = 300.0
     quiet: bool = True
 
+    def faults(self) -> str:
+        """The injected faults in words, for the demo's banner: every one that is set, "no fault" only when none
+        is (issue 25: the banner said "no fault" for a NaN-loss job)."""
+        def ranks(rs: list[int]) -> str:
+            return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, sorted(rs)))
+
+        out = []
+        if self.slow_ranks:
+            out.append(f"{ranks(self.slow_ranks)} slow by {self.slow_ms:g} ms a step")
+        if self.hang_rank is not None:
+            out.append(f"rank {self.hang_rank} hangs at step {self.hang_step}")
+        if self.nan_step is not None:
+            out.append(f"NaN loss on rank {self.nan_rank} from step {self.nan_step}")
+        if self.stall_rank is not None:
+            out.append(f"rank {self.stall_rank} stalls {self.stall_seconds:g} s at step {self.stall_step}")
+        if self.data_ranks:
+            out.append(f"{ranks(self.data_ranks)} {'waits' if len(self.data_ranks) == 1 else 'wait'} "
+                       f"{self.data_ms:g} ms a step for data")
+        if self.mismatch_rank is not None:
+            out.append(f"rank {self.mismatch_rank} calls another collective at step {self.mismatch_step}")
+        if self.leak_ranks:
+            out.append(f"{ranks(self.leak_ranks)} {'leaks' if len(self.leak_ranks) == 1 else 'leak'} "
+                       f"{self.leak_mb:g} MB a step from step {self.leak_step}")
+        if self.regress_step is not None:
+            out.append(f"every rank's {self.regress_phase} {self.regress_ms:g} ms slower from step {self.regress_step}")
+        if self.noise_step is not None:
+            out.append(f"noisier labels from step {self.noise_step}")
+        return "; ".join(out) or "no fault"
+
 
 def _last_progress_ns(directory: Path) -> tuple[int, bool]:
     """Newest non-heartbeat event time in the store (cheap: reads file tails), and whether a step is among them."""

@@ -26,12 +26,18 @@ class TestExitCodes:
         write_job(tmp_path, SynthJob(job_id="slow", ranks=16, steps=40, slow_ranks={11: 1.9}))
         proc = trace_job("slow", "--data-dir", str(tmp_path))
         assert proc.returncode == 1
-        assert "rank 11 on node node0001" in proc.stdout and "1.9x" in proc.stdout
+        assert "rank 11 on node node0001" in proc.stdout and "1.9×" in proc.stdout
 
     def test_unknown_job_exits_3_and_lists_known_jobs(self, tmp_path):
         write_job(tmp_path, SynthJob(job_id="known", ranks=2, steps=5))
         proc = trace_job("nope", "--data-dir", str(tmp_path))
         assert proc.returncode == 3 and "no events for job 'nope'" in proc.stderr and "known" in proc.stderr
+
+    def test_a_job_of_only_a_torn_line_exits_3_and_says_so(self, tmp_path):
+        (tmp_path / "torn").mkdir()
+        (tmp_path / "torn" / "torn.r0.p123.jsonl").write_text('{"kind": "log", "job_id": "torn", "ra')
+        proc = trace_job("torn", "--data-dir", str(tmp_path))
+        assert proc.returncode == 3 and "no readable rank events (lines skipped: 1 torn" in proc.stderr, proc.stderr
 
     def test_bad_option_exits_2(self, tmp_path):
         assert trace_job("x", "--stall-threshold", "soon").returncode == 2

@@ -78,7 +78,8 @@ def test_a_job_with_problems_is_refused_unless_forced(store, tmp_path):
 def test_golden_chooses_the_same_shape_entries_and_says_why(store):
     _, report = trace(store, "ok-new", "--golden")
     assert sorted(report["golden"]) == ["ok0", "ok1", "ok2"]  # not the 3-rank entry
-    assert "same shape, 2 ranks on 1 node(s)" in report["golden_choice"]
+    assert "same shape, 2 ranks on 1 node" in report["golden_choice"] and "node(s)" not in report["golden_choice"]
+    assert "1 nodes" not in report["golden_choice"]
 
 
 def test_among_same_shape_entries_those_of_the_runs_model_and_configuration_come_first():

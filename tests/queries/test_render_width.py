@@ -51,7 +51,7 @@ def test_columns_drop_by_priority_and_the_report_says_which(report):
     assert "not shown at this width:" in narrow and "not shown at this width" not in wide
     dropped = narrow.split("not shown at this width:", 1)[1].split("(")[0].replace("\n", " ")
     assert "steps" in dropped and "rank" not in dropped.split(",")[0]  # the least wanted go first
-    assert "score: the fastest rank's median step ÷ this rank's" in wide
+    assert "score: the fastest rank's median compute time ÷ this rank's" in wide  # compute: what the score divides
     assert "last arr.: collectives this rank arrived at last" in wide
 
 
