@@ -8,12 +8,15 @@ collected as they arrive.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import struct
 import subprocess
 import tempfile
 import time
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +99,69 @@ class Page:
         self.mouse("mouseMoved", x, y)
         self.mouse("mousePressed", x, y, clicks=1)
         self.mouse("mouseReleased", x, y, clicks=1)
+
+    def screenshot(self, selector: str) -> Image:
+        """What the browser shows of one element, as pixels (a real screenshot, clipped to the element)."""
+        # Scrolled into view and shot within the viewport: capturing beyond it makes Chromium resize the
+        # viewport for the shot, and a page that lays out by the window's height would move under the clip.
+        box = self.eval(f"""(() => {{ const e = document.querySelector({json.dumps(selector)});
+            e.scrollIntoView({{block: "start"}}); const r = e.getBoundingClientRect();
+            return [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height, window.innerHeight]; }})()""")
+        assert box[3] <= box[4], f"{selector} is taller than the window"
+        png = self.call("Page.captureScreenshot", format="png",
+                        clip={"x": box[0], "y": box[1], "width": box[2], "height": box[3], "scale": 1})["data"]
+        return Image.from_png(base64.b64decode(png))
+
+
+class Image:
+    """An RGB(A) screenshot's pixels, decoded here (PNG is zlib plus five row filters: no imaging library)."""
+
+    def __init__(self, width: int, height: int, channels: int, data: bytes) -> None:
+        self.width, self.height, self.channels, self.data = width, height, channels, data
+
+    def pixel(self, x: int, y: int) -> tuple[int, int, int]:
+        i = (y * self.width + x) * self.channels
+        return self.data[i], self.data[i + 1], self.data[i + 2]
+
+    @classmethod
+    def from_png(cls, png: bytes) -> Image:
+        assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+        pos, idat, head = 8, b"", None
+        while pos < len(png):
+            (length,) = struct.unpack(">I", png[pos:pos + 4])
+            kind, body = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + length]
+            if kind == b"IHDR":
+                head = struct.unpack(">IIBBBBB", body)
+            elif kind == b"IDAT":
+                idat += body
+            pos += 12 + length
+        assert head is not None
+        width, height, depth, color, _, _, interlace = head
+        assert depth == 8 and color in (2, 6) and interlace == 0, head
+        ch = 4 if color == 6 else 3
+        raw, stride = zlib.decompress(idat), width * ch
+        out = bytearray(height * stride)
+        prev = bytearray(stride)
+        for y in range(height):
+            kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+            if kind == 1:
+                for i in range(ch, stride):
+                    line[i] = (line[i] + line[i - ch]) & 255
+            elif kind == 2:
+                line = bytearray((a + b) & 255 for a, b in zip(line, prev))
+            elif kind == 3:
+                for i in range(stride):
+                    line[i] = (line[i] + ((line[i - ch] if i >= ch else 0) + prev[i]) // 2) & 255
+            elif kind == 4:
+                for i in range(stride):
+                    a = line[i - ch] if i >= ch else 0
+                    b, c = prev[i], prev[i - ch] if i >= ch else 0
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+            out[y * stride:(y + 1) * stride] = line
+            prev = line
+        return cls(width, height, ch, bytes(out))
 
 
 @contextmanager

@@ -178,7 +178,7 @@ class TestLinks:
         pane = json.loads(qs["panes"][0])["jt"]
         assert pane["datasource"] == 'loki&"uid' == pane["queries"][0]["datasource"]["uid"]
         expr = pane["queries"][0]["expr"]
-        m = re.fullmatch(r'\{job="((?:[^"\\]|\\.)*)"\} \| json \| rank=~"1"(?: \| span_id=~"[0-9a-f|]+")?', expr)
+        m = re.fullmatch(r'\{training_job="((?:[^"\\]|\\.)*)"\} \| json \| rank=~"1"(?: \| span_id=~"[0-9a-f|]+")?', expr)
         assert m, expr
         assert _unquote_string(m[1]) == JOB
 
@@ -249,8 +249,8 @@ def _hover(page: Page, rank: int, t_us: float) -> str:
     page.eval(f"window.jobtrace.zoom({t_us} - 400, {t_us} + 400)")
     page.eval("document.getElementById('lanes').scrollIntoView()")
     x, y = page.eval(f"""(() => {{ const r = document.getElementById('lanes').getBoundingClientRect();
-        const i = window.jobtrace.data.lanes.findIndex((l) => l.rank === {rank});
-        return [r.left + r.width / 2, r.top + i * 28 + 14]; }})()""")
+        const i = window.jobtrace.data.lanes.findIndex((l) => l.rank === {rank}), h = window.jobtrace.lane;
+        return [r.left + r.width / 2, r.top + i * h + h / 2]; }})()""")
     page.mouse("mouseMoved", x, y)
     tip = page.eval("(() => { const t = document.getElementById('tip'); return [getComputedStyle(t).display, t.innerText]; })()")
     assert tip[0] == "block", f"no tooltip at rank {rank}, t={t_us}"
@@ -299,7 +299,8 @@ class TestTimelineInChromium:
 
             # Hover a span with the hostile name and a warning tick with the hostile logger and message.
             data = page.eval("window.jobtrace.data")
-            span = next(s for s in data["spans"] if s["name"] == SPAN and s["rank"] == 0)
+            spans = page.eval("Array.from({length: window.jobtrace.data.spans.d.length}, (_, i) => window.jobtrace.span(i))")
+            span = next(s for s in spans if s["name"] == SPAN and s["rank"] == 0)
             shown.append(_hover(page, 0, span["s"] + span["d"] / 2))
             mark = next(m for m in data["marks"] if m["logger"] == LOGGER and m["rank"] == 1)
             shown.append(_hover(page, 1, mark["t"]))

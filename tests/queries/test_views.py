@@ -1,4 +1,7 @@
-"""The views: backend links (escaping), the Perfetto trace, and the HTML timeline rendered in headless Chromium."""
+"""The views: backend links (escaping) and the HTML timeline rendered in headless Chromium.
+
+The Perfetto trace has its own tests (``test_perfetto.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-import orjson
 import pytest
 
 from jobtrace.synth import SynthJob, write_job
@@ -21,7 +23,6 @@ from queries import (
     kql_query,
     load_local,
     logql_query,
-    write_perfetto,
     write_timeline_html,
 )
 from queries._links import rison
@@ -34,7 +35,7 @@ NASTY = 'job"x\\y | {a="b"} & #frag %20 \'q\' !bang\n'
 class TestLinks:
     def test_logql_escapes_the_job_id_and_selects_ranks_and_spans(self):
         q = logql_query(NASTY, [3, 1], ["00ab", "ff01"])
-        assert q.startswith('{job="job\\"x\\\\y | {a=\\"b\\"} & #frag %20 \'q\' !bang\\n"} | json')
+        assert q.startswith('{training_job="job\\"x\\\\y | {a=\\"b\\"} & #frag %20 \'q\' !bang\\n"} | json')
         assert q.endswith('| rank=~"1|3" | span_id=~"00ab|ff01"')
         with pytest.raises(ValueError):
             logql_query("j", job_label='job"} |= "x')
@@ -75,7 +76,7 @@ class TestLinks:
         (f,) = report.findings
         pane = json.loads(parse_qs(urlsplit(f.links["grafana"]).query)["panes"][0])["jt"]
         expr = pane["queries"][0]["expr"]
-        assert expr.startswith('{job="slow&co"} | json | rank=~"5" | span_id=~"') and all(
+        assert expr.startswith('{training_job="slow&co"} | json | rank=~"5" | span_id=~"') and all(
             r["span_id"] in expr for r in f.refs)
         lo, hi = int(pane["range"]["from"]), int(pane["range"]["to"])
         assert lo * 1_000_000 <= f.time_range[0] and hi * 1_000_000 >= f.time_range[1]
@@ -89,21 +90,6 @@ def hung_job(tmp_path_factory):
                           hang_s=400))
     job = load_local(d, "hang</script><b>x")
     return job, analyze(job, AnalysisConfig())
-
-
-class TestPerfetto:
-    def test_trace_event_file_has_a_lane_per_rank_and_the_findings(self, hung_job, tmp_path):
-        job, report = hung_job
-        out = orjson.loads(write_perfetto(job, report, tmp_path / "t.json").read_bytes())
-        ev = out["traceEvents"]
-        threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
-        assert sorted(threads.values())[4] == "rank 4 (stalled)" and len(threads) == 6
-        assert {e["args"]["name"] for e in ev if e["name"] == "process_name"} == {"node node0000", "node node0001"}
-        spans = [e for e in ev if e["ph"] == "X"]
-        assert spans and all(e["dur"] > 0 and e["ts"] >= 0 for e in spans)
-        assert {"step", "forward", "all_reduce"} <= {e["name"] for e in spans}
-        assert any(e["ph"] == "i" and e["name"] == "error: stalled_rank" for e in ev)
-        assert out["displayTimeUnit"] == "ms" and out["otherData"]["job"] == "hang</script><b>x"
 
 
 @pytest.fixture
@@ -124,6 +110,7 @@ class TestTimelineInChromium:
         lanes = browser.eval("[...document.querySelectorAll('.lane[data-rank]')].map(e => [e.dataset.rank, e.className])")
         assert len(lanes) == 6
         assert [r for r, cls in lanes if "culprit" in cls] == ["4"]
+        lane_h = browser.eval("window.jobtrace.lane")
         assert browser.eval("document.title") == "jobtrace timeline: hang</script><b>x"
         assert browser.eval("document.querySelectorAll('b').length") == 0  # the job id stayed text
         kinds = browser.eval("[...document.querySelectorAll('#findings li')].map(e => e.dataset.kind)")
@@ -131,7 +118,7 @@ class TestTimelineInChromium:
         # Something was drawn in the culprit's lane.
         painted = browser.eval(
             "(() => { const c = document.getElementById('lanes'); const d = c.getContext('2d')"
-            ".getImageData(0, 4 * 28 + 2, c.width, 24).data; let n = 0;"
+            f".getImageData(0, 4 * {lane_h} + 2, c.width, {lane_h - 4}).data; let n = 0;"
             " for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 0) n++; return n; })()")
         assert painted > 100
         # Zoom with the wheel, pan by dragging, focus a finding, reset.
@@ -143,6 +130,7 @@ class TestTimelineInChromium:
         assert browser.eval("window.jobtrace.state.highlight.kind") == "stalled_rank"
         browser.eval("document.getElementById('lanes').dispatchEvent(new MouseEvent('dblclick', {bubbles: true}))")
         assert browser.eval("window.jobtrace.state.t1 - window.jobtrace.state.t0") == pytest.approx(t1)
+        assert browser.eval("window.jobtrace.state.highlight") is None
         browser.pump(0.5)
         if os.environ.get("JOBTRACE_SCREENSHOT"):
             import base64
