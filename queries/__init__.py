@@ -28,10 +28,11 @@ from ._golden_library import FolderLibrary, GoldenLibrary, LokiLibrary, SearchLi
 from ._links import LinkConfig, attach_links, grafana_explore_url, kibana_discover_url, kql_query, logql_query
 from ._live import Alert, LiveConfig, LiveState
 from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, read_kernel_log, slurm_evidence
+from ._perfetto import write_perfetto
 from ._render import format_json, print_report
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
 from ._tail import TAIL_BACKENDS, ElasticsearchTail, LocalTail, LokiTail, Tail, VictoriaLogsTail, open_tail
-from ._timeline import timeline_data, write_perfetto, write_timeline_html
+from ._timeline import timeline_data, write_timeline_html
 from ._trace import TraceOptions, mark_golden, trace_job
 
 __all__ = [

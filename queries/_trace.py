@@ -20,8 +20,9 @@ from ._golden import choose_golden, golden_dir, profile_job
 from ._golden_library import FolderLibrary, GoldenLibrary
 from ._links import LinkConfig
 from ._model import AnalysisConfig, Report
+from ._perfetto import write_perfetto
 from ._store import JobData, load_local
-from ._timeline import write_perfetto, write_timeline_html
+from ._timeline import write_timeline_html
 
 __all__ = ["TraceOptions", "mark_golden", "trace_job"]
 

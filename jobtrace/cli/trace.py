@@ -116,7 +116,7 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
     Examples:
       trace-job run-17                    # the embedded store, ./jobtrace-data
       trace-job run-17 --json | jq .findings
-      trace-job run-17 --timeline t.html --perfetto t.json
+      trace-job run-17 --timeline t.html --perfetto t.pftrace
       trace-job run-17 --backend loki --url http://loki:3100 --since 2d
       trace-job run-17 --backend archive --url s3://training-logs/jobs
       trace-job run-17 --golden --gate 6  # compare with known-good runs
