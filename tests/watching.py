@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -85,11 +86,18 @@ class Watcher:
                              f"said: {self.stderr[-2000:]!r}")
 
     def finish(self, timeout: float = 60) -> int:
+        """Wait for it to end on its own; past ``timeout``, interrupt it (Ctrl-C: it still prints its summary)."""
+        self.interrupted = False
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            self.proc.wait(timeout=15)
+            self.interrupted = True
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
         self._reader.join(timeout=10)
         self._err_reader.join(timeout=10)
         return self.proc.returncode

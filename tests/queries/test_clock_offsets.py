@@ -10,6 +10,7 @@ every rank the same environment, and only one may have the shifted clock).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -99,4 +100,5 @@ def test_watch_aligns_a_node_whose_clock_is_30s_behind_while_the_job_runs(tmp_pa
         for p in procs:
             stop_tree(p)
     watcher.finish()
-    assert "clocks: aligned to node0's: node1 -30000" in watcher.stderr
+    said = re.search(r"clocks: aligned to node0's: node1 (-?[\d.]+) ms", watcher.stderr)
+    assert said and abs(float(said.group(1)) + 30_000) < 1.0, watcher.stderr
