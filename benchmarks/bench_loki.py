@@ -49,7 +49,7 @@ def out(**kw):
 def count(job):
     import requests
     requests.get(URL + "/internal/force_flush", timeout=60)
-    r = requests.post(URL + "/select/logsql/query", data={{"query": '{{job="%s"}} | stats count() as n' % job}}, timeout=120)
+    r = requests.post(URL + "/select/logsql/query", data={{"query": '{{training_job="%s"}} | stats count() as n' % job}}, timeout=120)
     rows = [json.loads(x) for x in r.text.splitlines() if x.strip()]
     return int(rows[0]["n"]) if rows else 0
 log = logging.getLogger("bench")

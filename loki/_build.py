@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import ASSETS, QueryLibrary, library
+from . import ASSETS, JOB_LABEL, QueryLibrary, library
 
-__all__ = ["DASHBOARDS", "INPUTS", "LOKI_DS", "PANEL_DS", "TRACE_DS", "build", "check", "rules_yaml", "vlogs_rules_yaml", "write"]
+__all__ = ["DASHBOARDS", "INPUTS", "LOKI_DS", "METRICS_DS", "PANEL_DS", "TRACE_DS", "build", "check", "link",
+           "rules_yaml", "vlogs_rules_yaml", "write"]
 
 LOKI_DS = {"type": "loki", "uid": "jobtrace-loki"}
 TRACE_DS = {"type": "tempo", "uid": "jobtrace-tempo"}
@@ -94,22 +95,56 @@ DASHBOARDS: dict[str, tuple[str, str, list[list[Panel]]]] = {
 }
 
 
+METRICS_DS = {"type": "prometheus", "uid": "${metrics}"}
+"""Where the rank list comes from: a rank is structured metadata in Loki, not a stream label, and Loki's
+label-values API (what Grafana's Loki variables query) lists stream labels only (grafana/grafana#84909).
+The Prometheus that scrapes ``jobtrace metrics`` has every rank as a label; without one, the list is empty,
+"All" still applies and a typed rank is accepted."""
+
+
 def _variables() -> list[dict[str, Any]]:
+    job = JOB_LABEL
+    nodes = f'label_values({{{job}=~"$job"}}, node)'
+    ranks = 'label_values(jobtrace_step{job=~"$job"}, rank)'  # Prometheus keeps `job` for the training job
     return [
         # Grafana's import puts the chosen data source's uid where ${DS_LOKI} is; provisioned, no such uid exists
         # and the variable falls back to the first Loki data source (jobtrace's, the default).
         {"name": "datasource", "label": "Loki", "type": "datasource", "query": "loki", "refresh": 1,
          "current": {"text": "${DS_LOKI}", "value": "${DS_LOKI}"}, "options": [], "hide": 0},
-        {"name": "job", "label": "Job", "type": "query", "datasource": PANEL_DS, "query": "label_values(job)",
-         "definition": "label_values(job)", "refresh": 2, "sort": 1, "multi": False, "includeAll": False,
-         "current": {}, "options": []},
-        {"name": "node", "label": "Node", "type": "query", "datasource": PANEL_DS,
-         "query": 'label_values({job=~"$job"}, node)', "definition": 'label_values({job=~"$job"}, node)',
-         "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "allValue": ".*",
+        {"name": "metrics", "label": "Prometheus (rank list)", "type": "datasource", "query": "prometheus",
+         "refresh": 1, "options": [], "hide": 0,
+         "description": "Optional: the Prometheus scraping `jobtrace metrics`, whose labels list the ranks"},
+        {"name": "job", "label": "Job", "type": "query", "datasource": PANEL_DS, "query": f"label_values({job})",
+         "definition": f"label_values({job})", "refresh": 2, "sort": 1, "multi": True, "includeAll": False,
+         "options": [], "description": f"Job ids: the `{job}` stream label"},
+        {"name": "node", "label": "Node", "type": "query", "datasource": PANEL_DS, "query": nodes,
+         "definition": nodes, "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "allValue": ".*",
          "current": {"text": "All", "value": "$__all"}, "options": []},
-        {"name": "rank", "label": "Rank (regex: 3, 3|5, .+)", "type": "textbox", "query": ".+",
-         "current": {"text": ".+", "value": ".+"}, "options": []},
+        {"name": "rank", "label": "Rank", "type": "query", "datasource": METRICS_DS, "query": ranks,
+         "definition": ranks, "refresh": 2, "sort": 3, "multi": True, "includeAll": True, "allValue": ".+",
+         "allowCustomValue": True, "current": {"text": "All", "value": "$__all"}, "options": [],
+         "description": "Ranks, listed by the Prometheus above; type one (or a regex) where there is none"},
     ]
+
+
+def _annotations(lib: QueryLibrary) -> list[dict[str, Any]]:
+    """Findings on every panel's time axis: what jobtrace flagged in the job (its own warning records:
+    stalls with stacks, guard actions, SIGTERM, crashes) and, off by default, every error record."""
+    return [
+        {"name": "jobtrace findings", "datasource": PANEL_DS, "enable": True, "hide": False, "iconColor": "orange",
+         "expr": lib.grafana("findings"), "titleFormat": "{{level}}: rank {{rank}} on {{node}}",
+         "textFormat": "{{msg}}", "tagKeys": "level,node,logger"},
+        {"name": "Errors", "datasource": PANEL_DS, "enable": False, "hide": False, "iconColor": "red",
+         "expr": lib.grafana("errors"), "titleFormat": "{{level}}: rank {{rank}} on {{node}}",
+         "textFormat": "{{msg}}", "tagKeys": "level,node,logger"},
+    ]
+
+
+def link(title: str, url: str, tooltip: str) -> dict[str, Any]:
+    """A dashboard link carrying the time range and the variables (Grafana adds them: keepTime, includeVars),
+    with every field the dashboard schema requires."""
+    return {"title": title, "type": "link", "url": url, "icon": "dashboard", "tooltip": tooltip, "tags": [],
+            "asDropdown": False, "targetBlank": False, "includeVars": True, "keepTime": True}
 
 
 def _panel(lib: QueryLibrary, p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
@@ -157,15 +192,15 @@ def dashboard(uid: str, lib: QueryLibrary | None = None) -> dict[str, Any]:
             pid += 1
             x += p.w
         y += max(p.h for p in row)
-    links = [{"title": t, "type": "link", "url": f"/d/{u}?${{__url_time_range}}&${{__all_variables}}"}
-             for u, (t, _, _) in DASHBOARDS.items() if u != uid]
+    links = [link(t, f"/d/{u}", d.split(".")[0]) for u, (t, d, _) in DASHBOARDS.items() if u != uid]
     return {
         "__inputs": INPUTS,
         "__requires": [{"type": "datasource", "id": "loki", "name": "Loki", "version": "1.0.0"}],
         "id": None, "uid": uid, "title": title, "description": description,
         "tags": ["jobtrace", "loki", "training"], "timezone": "browser", "editable": True, "graphTooltip": 1,
         "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "schemaVersion": 39, "version": 1,
-        "templating": {"list": _variables()}, "annotations": {"list": []}, "links": links, "panels": panels,
+        "templating": {"list": _variables()}, "annotations": {"list": _annotations(lib)}, "links": links,
+        "panels": panels,
     }
 
 

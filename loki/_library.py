@@ -10,15 +10,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from jobtrace import config
 from jobtrace.errors import ConfigError
 
-from ._logql import logql_quote
+from ._logql import JOB_LABEL, LABEL_KEYS, METADATA_KEYS, is_label_name, logql_quote
 
-__all__ = ["ASSETS", "Alert", "Query", "QueryLibrary", "Regex", "library", "re2_escape"]
+__all__ = ["ASSETS", "Alert", "Query", "QueryLibrary", "Regex", "job_label", "library", "re2_escape", "valid_job_label"]
 
 ASSETS = Path(__file__).resolve().parent
 """Where the packaged files are: ``queries.yaml``, ``rules/``, ``grafana/``, ``proto/``."""
 
+_JOB_LABEL_TOKEN = re.compile(r"(?<!\w)" + JOB_LABEL + r"(?!\w)")
+"""Where the library names the job's stream label: ``training_job`` as a whole word, never a JSON key (``"job"``)."""
 _PLACEHOLDER = re.compile(r'@\{(\w+)\}|"\$(\w+)"|\$(\w+)')
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _RE2_META = frozenset("\\.+*?()|[]{}^$")
@@ -193,6 +196,22 @@ class QueryLibrary:
     def alert_expr(self, alert: Alert) -> str:
         return self.render_template(alert.expr, **dict(alert.params))
 
+    def with_job_label(self, label: str) -> QueryLibrary:
+        """The same library on streams whose job id is in ``label`` instead of ``training_job`` (data shipped
+        under the old ``job`` label, or a site's own name): every selector, ``by``/``on``/``keep`` list and
+        alert text that names the label follows."""
+        label = valid_job_label(label)
+        if label == JOB_LABEL:
+            return self
+
+        def sub(text: str) -> str:
+            return _JOB_LABEL_TOKEN.sub(label, text)
+
+        queries = {n: Query(q.name, q.type, sub(q.expr), q.answers, q.unit) for n, q in self.queries.items()}
+        alerts = [Alert(a.alert, sub(a.expr), a.params, a.for_, a.severity, sub(a.summary), sub(a.description),
+                        sub(a.logsql) if a.logsql is not None else None, a.logsql_params) for a in self.alerts]
+        return QueryLibrary(queries, self.params, alerts)
+
 
 def _param_names(text: str) -> set[str]:
     return {m.group(2) or m.group(3) for m in _PLACEHOLDER.finditer(text) if m.group(1) is None}
@@ -222,10 +241,24 @@ def _load(text: str) -> QueryLibrary:
     return QueryLibrary(queries, params, alerts)
 
 
-@lru_cache(maxsize=1)
-def library() -> QueryLibrary:
-    """The packaged query library (parsed once)."""
-    return _load((ASSETS / "queries.yaml").read_text(encoding="utf-8"))
+def valid_job_label(label: str) -> str:
+    """``label`` when it can hold the job id (a label name, not one of jobtrace's other labels), else ConfigError."""
+    if not is_label_name(label) or label.startswith("__") or label in LABEL_KEYS[1:] or label in METADATA_KEYS:
+        raise ConfigError(f"{label!r} cannot hold the job id: it must be a Loki label name other than "
+                          f"{', '.join(LABEL_KEYS[1:] + METADATA_KEYS)}")
+    return label
+
+
+def job_label(env: Mapping[str, str] | None = None) -> str:
+    """The stream label that holds the job id: ``JOBTRACE_LOKI_JOB_LABEL``, by default ``training_job``.
+    Shippers write it and readers query it, so both sides of a site agree; ``job`` reads old data."""
+    return valid_job_label(config.get_str(config.LOKI_JOB_LABEL, env, default=JOB_LABEL) or JOB_LABEL)
+
+
+@lru_cache(maxsize=4)
+def library(job_label: str = JOB_LABEL) -> QueryLibrary:
+    """The packaged query library (parsed once), on streams whose job id is in ``job_label``."""
+    return _load((ASSETS / "queries.yaml").read_text(encoding="utf-8")).with_job_label(job_label)
 
 
 def load_library(path: str | Path) -> QueryLibrary:

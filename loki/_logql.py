@@ -12,10 +12,16 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-__all__ = ["LABEL_KEYS", "METADATA_KEYS", "is_label_name", "label_string", "logql_quote", "logsql_quote"]
+__all__ = ["JOB_LABEL", "LABEL_KEYS", "METADATA_KEYS", "is_label_name", "label_string", "logql_quote", "logsql_quote"]
 
-LABEL_KEYS: Final = ("job", "node", "kind", "level")
-"""Event keys sent as Loki stream labels: few values each, so the index stays small."""
+JOB_LABEL: Final = "training_job"
+"""The stream label that holds the job id. Not ``job``: Promtail, Alloy and Prometheus give ``job`` to the
+scrape job, so in a Loki shared with them ``{job=…}`` would mix jobtrace's streams with theirs. Data shipped
+before the rename carries ``job``: ``JOBTRACE_LOKI_JOB_LABEL=job`` reads it (docs/loki.md)."""
+
+LABEL_KEYS: Final = (JOB_LABEL, "node", "kind", "level")
+"""The stream labels jobtrace sets (the event's job, node, kind and level): few values each, so the index
+stays small. A user's static labels may not take these names."""
 
 METADATA_KEYS: Final = ("rank", "trace_id", "span_id", "step")
 """Event keys sent as structured metadata (Loki 3.x): high cardinality, never labels."""

@@ -8,7 +8,9 @@ beside them, for its users) through a
 ``${datasource}`` variable, so the board imports into any Grafana (``__inputs``). A panel's data link opens
 the logs of that job and rank at that time (the ``jobtrace-logs`` board, on Loki); the step-time heatmap
 shows exemplars, each the trace of a step (the data source's exemplar link opens it in Tempo). Prometheus'
-``ALERTS`` for jobtrace's rules are annotations.
+``ALERTS`` for jobtrace's rules are annotations, and so are jobtrace's findings in the job's logs (the Loki
+query library's ``findings``, on an optional ``${logs}`` Loki variable). The job, rank and node lists are
+label queries; every link carries the fields Grafana's dashboard schema requires (tests/loki/grafana_schema).
 """
 
 from __future__ import annotations
@@ -78,28 +80,56 @@ PANELS: Final[list[list[tuple[str, str, int, int, str, list[tuple[str, str]], di
      ("Last step per rank", "timeseries", 12, 8, "short", [(f"jobtrace_step{{{SEL}}}", "rank {{rank}}")], {})],
 ]
 
-_LOGS_LINK: Final = {
-    "title": "Logs of job ${__field.labels.job}, rank ${__field.labels.rank}, at this time",
-    "url": "/d/jobtrace-logs?var-job=${__field.labels.job}&var-rank=${__field.labels.rank}&${__url_time_range}",
-}
+LOGS_DS: Final = {"type": "loki", "uid": "${logs}"}
+"""The Loki jobtrace ships to, for the findings annotations (optional: without one the board works, less them)."""
+
+
+def _link(title: str, url: str, tooltip: str, *, keep: bool) -> dict[str, Any]:
+    """A link with every field Grafana's dashboard schema requires (it types data links the same way).
+    ``keep``: Grafana adds the time range and the variables itself (dashboard links)."""
+    return {"title": title, "type": "link", "url": url, "icon": "dashboard", "tooltip": tooltip, "tags": [],
+            "asDropdown": False, "targetBlank": False, "includeVars": keep, "keepTime": keep}
+
+
+_LOGS_LINK: Final = _link(
+    "Logs of job ${__field.labels.job}, rank ${__field.labels.rank}, at this time",
+    "/d/jobtrace-logs?var-job=${__field.labels.job}&var-rank=${__field.labels.rank}&${__url_time_range}",
+    "The jobtrace-logs board (Loki) on this series' job and rank", keep=False)
 
 
 def _variables() -> list[dict[str, Any]]:
+    # Label queries as Grafana's Prometheus data source takes them (a string: the schema's form for a query).
+    jobs, ranks, nodes = ("label_values(jobtrace_step, job)", 'label_values(jobtrace_step{job=~"$job"}, rank)',
+                          'label_values(jobtrace_step{job=~"$job"}, node)')
     return [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus", "refresh": 1,
          "current": {"text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"}, "options": [], "hide": 0},
-        {"name": "job", "label": "Job", "type": "query", "datasource": DS,
-         "query": {"query": "label_values(jobtrace_step, job)", "refId": "jobs"},
-         "definition": "label_values(jobtrace_step, job)", "refresh": 2, "sort": 1, "multi": True,
-         "includeAll": False, "current": {}, "options": []},
-        {"name": "rank", "label": "Rank", "type": "query", "datasource": DS,
-         "query": {"query": 'label_values(jobtrace_step{job=~"$job"}, rank)', "refId": "ranks"},
-         "definition": 'label_values(jobtrace_step{job=~"$job"}, rank)', "refresh": 2, "sort": 3, "multi": True,
-         "includeAll": True, "allValue": ".+", "current": {"text": "All", "value": "$__all"}, "options": []},
-        {"name": "node", "label": "Node", "type": "query", "datasource": DS,
-         "query": {"query": 'label_values(jobtrace_step{job=~"$job"}, node)', "refId": "nodes"},
-         "definition": 'label_values(jobtrace_step{job=~"$job"}, node)', "refresh": 2, "sort": 1, "multi": True,
-         "includeAll": True, "allValue": ".+", "current": {"text": "All", "value": "$__all"}, "options": []},
+        {"name": "logs", "label": "Loki (findings)", "type": "datasource", "query": "loki", "refresh": 1,
+         "options": [], "hide": 0, "description": "Optional: the Loki jobtrace ships to, for the findings annotations"},
+        {"name": "job", "label": "Job", "type": "query", "datasource": DS, "query": jobs, "definition": jobs,
+         "refresh": 2, "sort": 1, "multi": True, "includeAll": False, "options": []},
+        {"name": "rank", "label": "Rank", "type": "query", "datasource": DS, "query": ranks, "definition": ranks,
+         "refresh": 2, "sort": 3, "multi": True, "includeAll": True, "allValue": ".+",
+         "current": {"text": "All", "value": "$__all"}, "options": []},
+        {"name": "node", "label": "Node", "type": "query", "datasource": DS, "query": nodes, "definition": nodes,
+         "refresh": 2, "sort": 1, "multi": True, "includeAll": True, "allValue": ".+",
+         "current": {"text": "All", "value": "$__all"}, "options": []},
+    ]
+
+
+def _annotations() -> list[dict[str, Any]]:
+    """Alerts firing from jobtrace's Prometheus rules, and what jobtrace flagged in the job's logs (the Loki
+    boards' "jobtrace findings": the library's ``findings`` query)."""
+    import loki
+
+    return [
+        {"name": "jobtrace alerts", "enable": True, "hide": False, "iconColor": "red", "datasource": DS,
+         "expr": 'ALERTS{alertname=~"Jobtrace.*", alertstate="firing", job=~"$job"}',
+         "titleFormat": "{{alertname}}", "textFormat": "rank {{rank}} {{node}}", "useValueForTime": False,
+         "step": "60s"},
+        {"name": "jobtrace findings", "enable": True, "hide": False, "iconColor": "orange", "datasource": LOGS_DS,
+         "expr": loki.library().grafana("findings"), "titleFormat": "{{level}}: rank {{rank}} on {{node}}",
+         "textFormat": "{{msg}}", "tagKeys": "level,node,logger"},
     ]
 
 
@@ -139,13 +169,9 @@ def dashboard() -> dict[str, Any]:
         "tags": ["jobtrace", "prometheus", "training"], "timezone": "browser", "editable": True, "graphTooltip": 1,
         "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "schemaVersion": 39, "version": 1,
         "templating": {"list": _variables()},
-        "annotations": {"list": [{
-            "name": "jobtrace alerts", "enable": True, "iconColor": "red", "datasource": DS,
-            "expr": 'ALERTS{alertname=~"Jobtrace.*", alertstate="firing", job=~"$job"}',
-            "titleFormat": "{{alertname}}", "textFormat": "rank {{rank}} {{node}}", "useValueForTime": False,
-            "step": "60s"}]},
-        "links": [{"title": "jobtrace: logs with trace links", "type": "link",
-                   "url": "/d/jobtrace-logs?${__url_time_range}&${__all_variables}"}],
+        "annotations": {"list": _annotations()},
+        "links": [_link("jobtrace: logs with trace links", "/d/jobtrace-logs",
+                        "The job's logs and timeline on Loki", keep=True)],
         "panels": panels,
     }
 

@@ -5,7 +5,8 @@ Formats (checked against the products' documentation):
 * Grafana Explore (Grafana ≥ 10): ``/explore?schemaVersion=1&panes=<JSON>&orgId=<id>``;
   ``panes`` maps a pane id to ``{datasource, queries: [{refId, datasource: {type, uid},
   expr}], range: {from, to}}``, times as epoch milliseconds in strings. The query is
-  LogQL on the canonical JSON line: ``{job="…"} | json | rank=~"…" | span_id=~"…"``.
+  LogQL on the canonical JSON line: ``{training_job="…"} | json | rank=~"…" | span_id=~"…"`` (the stream
+  label ``JOBTRACE_LOKI_JOB_LABEL`` names).
 * Kibana Discover: ``/app/discover#/?_g=(time:(from:'ISO',to:'ISO'))&_a=(…)``, both
   states in Rison, the query in KQL.
 
@@ -28,7 +29,9 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 
+import loki
 from jobtrace.errors import ConfigError
+from loki import JOB_LABEL
 
 __all__ = [
     "LinkConfig",
@@ -50,8 +53,8 @@ class LinkConfig:
     """The Loki (or VictoriaLogs-as-Loki) data source uid in Grafana."""
     grafana_datasource_type: str = "loki"
     grafana_org_id: int = 1
-    loki_job_label: str = "job"
-    """The stream label that holds the job id."""
+    loki_job_label: str = field(default_factory=loki.job_label)
+    """The stream label that holds the job id (``JOBTRACE_LOKI_JOB_LABEL``, by default ``training_job``)."""
     kibana_url: str | None = None
     kibana_data_view: str | None = None
     """The Kibana data view (index pattern) id."""
@@ -115,7 +118,8 @@ def _regex_alternatives(values: Iterable[Any]) -> str:
     return "|".join(re.escape(str(v)) for v in values)
 
 
-def logql_query(job_id: str, ranks: Iterable[int] = (), span_ids: Iterable[str] = (), job_label: str = "job") -> str:
+def logql_query(job_id: str, ranks: Iterable[int] = (), span_ids: Iterable[str] = (),
+                job_label: str = JOB_LABEL) -> str:
     """LogQL selecting the job's lines of these ranks (and spans), whatever the values contain."""
     if not _LABEL_NAME.match(job_label):
         raise ValueError(f"not a Loki label name: {job_label!r}")

@@ -3,7 +3,7 @@
 Loki returns at most ``limit`` entries per query (``max_entries_limit_per_query``,
 5000 by default), so a job of 1,000 ranks takes many queries. How they are made:
 
-1. **Where is the job?** One metric query, ``sum(count_over_time({job=…}[step]))``
+1. **Where is the job?** One metric query, ``sum(count_over_time({training_job=…}[step]))``
    over the whole ``--since/--until`` range, gives the number of lines per time
    bucket. Empty buckets are never fetched (a 7-day default range costs nothing for
    a 20-minute job), and the counts size the windows below.
@@ -16,7 +16,8 @@ Loki returns at most ``limit`` entries per query (``max_entries_limit_per_query`
    one nanosecond (which stalls logcli) is read stream by stream instead: the
    ``series`` API lists the streams, and each is fetched for that nanosecond alone.
 
-The selector comes from the query library (``job_events``), with the job id escaped,
+The selector comes from the query library (``job_events``), with the job id escaped, on the
+stream label ``JOBTRACE_LOKI_JOB_LABEL`` names (``training_job``; ``job`` for data shipped before),
 and the request asks for ``categorize-labels`` so that Loki 3.x returns structured
 metadata beside each line instead of splitting every entry into its own stream.
 Lines are the canonical JSON events; they end in :func:`queries._store.load_events`,
@@ -264,7 +265,7 @@ def load_loki(job_id: str, *, url: str | None = None, time_range: TimeRange, tra
         parallel=parallel or config.get_int(config.LOKI_QUERY_PARALLEL, default=4, minimum=1) or 4,
         **options,
     )
-    selector = loki.library().render("job_events", job=job_id)
+    selector = loki.library(loki.job_label()).render("job_events", job=job_id)
     stats = ReadStats(files=0)
     lines = reader.fetch(selector, time_range.start_ns, time_range.end_ns)
     try:

@@ -174,7 +174,7 @@ class VictoriaLogsTail(_WindowTail):
         from jobtrace import config
         from jobtrace.http import HttpConfig, RequestsTransport
         from jobtrace.redact import url_for_display
-        from loki import logsql_quote
+        from loki import job_label, logsql_quote
 
         from ._victorialogs import VictoriaLogsReader
 
@@ -183,7 +183,7 @@ class VictoriaLogsTail(_WindowTail):
         self.where = f"VictoriaLogs at {url_for_display(http.url)}"
         self.reader = VictoriaLogsReader(http.url, transport or RequestsTransport(http), tenant=http.tenant,
                                          timeout_s=30.0, retries=1)
-        self.selector = "{job=" + logsql_quote(job_id) + "} | fields _msg"
+        self.selector = "{" + job_label() + "=" + logsql_quote(job_id) + "} | fields _msg"
 
     def _window(self, start_ns: int, end_ns: int, limit: int | None) -> Iterator[_Row]:
         self.requests += 1
@@ -211,7 +211,7 @@ class LokiTail(_WindowTail):
         self.reader = LokiReader(http.url, transport or RequestsTransport(http), tenant=http.tenant,
                                  limit=config.get_int(config.LOKI_QUERY_LIMIT, default=5000, minimum=2) or 5000,
                                  parallel=1)
-        self.selector = loki.library().render("job_events", job=job_id)
+        self.selector = loki.library(loki.job_label()).render("job_events", job=job_id)
 
     def _window(self, start_ns: int, end_ns: int, limit: int | None) -> Iterator[_Row]:
         before = self.reader.counters.requests

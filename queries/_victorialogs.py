@@ -2,14 +2,15 @@
 
 The Loki shipper can push to VictoriaLogs' Loki endpoint (``/insert/loki/api/v1/push``);
 it asks VictoriaLogs not to parse the JSON lines (``disable_message_parsing=1``), so the
-canonical event is stored whole in ``_msg`` and the stream labels (job, node, kind,
+canonical event is stored whole in ``_msg`` and the stream labels (training_job, node, kind,
 level) and structured metadata (rank, trace_id, span_id, step) become fields.
 
 Reading: ``/select/logsql/query`` answers JSON Lines and has no per-query line limit,
 so there is no paging. To keep memory bounded on large jobs, one ``stats by
 (_time:<step>) count()`` query first finds where the job's lines are; the non-empty
 time is cut into windows of about ``window_lines`` lines, fetched by ``parallel``
-threads, each as ``{job="…"} | fields _msg``.
+threads, each as ``{training_job="…"} | fields _msg`` (the label ``JOBTRACE_LOKI_JOB_LABEL``
+names: ``job`` reads what earlier versions shipped).
 
 Lines stored by another producer with message parsing on have no usable ``_msg``;
 such a window is fetched again with every field and the event is rebuilt from the
@@ -36,7 +37,7 @@ from jobtrace import config
 from jobtrace.errors import JobNotFound
 from jobtrace.http import url_without_suffix
 from jobtrace.redact import url_for_display
-from loki import logsql_quote
+from loki import job_label, logsql_quote
 
 from ._reading import TimeRange, busy_windows, read_request
 from ._store import COLUMNS, JobData, ReadStats, load_events
@@ -202,7 +203,7 @@ def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRa
     reader = VictoriaLogsReader(http.url, transport or RequestsTransport(http), tenant=http.tenant,
                                 parallel=parallel or config.get_int(config.VL_QUERY_PARALLEL, default=4, minimum=1) or 4,
                                 **options)
-    selector = "{job=" + logsql_quote(job_id) + "}"
+    selector = "{" + job_label() + "=" + logsql_quote(job_id) + "}"
     stats = ReadStats()
     try:
         events = _only_job(job_id, reader.fetch(selector, time_range.start_ns, time_range.end_ns, stats), stats)

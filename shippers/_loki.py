@@ -58,7 +58,7 @@ from jobtrace import config
 from jobtrace.errors import ConfigError
 from jobtrace.http import HttpConfig, Request, RequestsTransport, Response, RetryPolicy, Transport
 from jobtrace.redact import url_for_display
-from loki import LABEL_KEYS, METADATA_KEYS, is_label_name, label_string
+from loki import JOB_LABEL, LABEL_KEYS, METADATA_KEYS, is_label_name, job_label, label_string, valid_job_label
 
 from ._process import ProcessInfo
 from ._sender import Outcome, SpoolingSender
@@ -125,6 +125,8 @@ class LokiOptions:
         structured_metadata: send rank/trace_id/span_id/step as structured metadata
             (Loki 3.x); ``False`` for older Loki (the line carries them anyway).
         static_labels: extra stream labels, e.g. ``{"cluster": "a"}`` (keep them few and static).
+        job_label: the stream label that holds the job id (default ``training_job``; ``job`` is what
+            earlier versions wrote, and what Promtail and Prometheus give the scrape job).
         max_batch_lines, max_batch_bytes: the largest push (Promtail's default batch was 1 MiB).
         max_line_bytes: lines longer than this are dead-lettered without being sent
             (Loki's ``max_line_size`` default is 256 KB).
@@ -134,6 +136,7 @@ class LokiOptions:
     gzip: bool = False
     structured_metadata: bool = True
     static_labels: Mapping[str, str] = field(default_factory=dict)
+    job_label: str = JOB_LABEL
     max_batch_lines: int = 8192
     max_batch_bytes: int = 1 << 20
     max_line_bytes: int = 256 * 1024
@@ -144,16 +147,20 @@ class LokiOptions:
         for name in self.static_labels:
             if not is_label_name(name):
                 raise ConfigError(f"Loki label name {name!r} is not a valid Prometheus label name")
+        valid_job_label(self.job_label)  # the readers' check: a site's shippers and readers agree on one name
+        if self.job_label in self.static_labels:
+            raise ConfigError(f"Loki label {self.job_label!r} holds the job id; it cannot be a static label too")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> LokiOptions:
         """``JOBTRACE_LOKI_FORMAT``, ``_GZIP``, ``_STRUCTURED_METADATA``, ``_LABELS`` (``a=x,b=y``),
-        ``_BATCH_LINES``, ``_BATCH_BYTES``, ``_MAX_LINE_BYTES`` (see :mod:`jobtrace.config`)."""
+        ``_JOB_LABEL``, ``_BATCH_LINES``, ``_BATCH_BYTES``, ``_MAX_LINE_BYTES`` (see :mod:`jobtrace.config`)."""
         values: dict[str, Any] = dict(
             format=config.get_choice(config.LOKI_FORMAT, ("protobuf", "json"), default="protobuf"),
             gzip=config.get_bool(config.LOKI_GZIP, default=False),
             structured_metadata=config.get_bool(config.LOKI_STRUCTURED_METADATA, default=True),
             static_labels=_parse_labels(config.get_str(config.LOKI_LABELS, default="") or "", config.LOKI_LABELS),
+            job_label=job_label(),
             max_batch_lines=config.get_int(config.LOKI_BATCH_LINES, default=cls.max_batch_lines, minimum=1),
             max_batch_bytes=config.get_int(config.LOKI_BATCH_BYTES, default=cls.max_batch_bytes, minimum=1),
             max_line_bytes=config.get_int(config.LOKI_MAX_LINE_BYTES, default=cls.max_line_bytes, minimum=1),
@@ -354,6 +361,7 @@ class LokiEncoder:
         self.structured_metadata = self.options.structured_metadata
         self._defaults = dict(defaults or {})
         self._static = dict(self.options.static_labels)
+        self._job_label = self.options.job_label
         headers = {"User-Agent": "jobtrace-loki"}
         if tenant:
             headers["X-Scope-OrgID"] = tenant
@@ -427,7 +435,7 @@ class LokiEncoder:
     def _labels(self, key: tuple[Any, ...]) -> dict[str, str]:
         job, node, kind, level = key
         labels = dict(self._static)
-        labels["job"] = str(job) if job else self._defaults.get("job", "unknown")
+        labels[self._job_label] = str(job) if job else self._defaults.get("job", "unknown")
         node = node or self._defaults.get("node")
         if node:
             labels["node"] = str(node)

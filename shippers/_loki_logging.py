@@ -20,6 +20,9 @@ differs is everything behind ``emit``:
   logger name is in the line.
 * Each record is a full jobtrace event (job, trace id derived from the job id, rank,
   node, pid), so ``trace-job`` and the dashboards read these logs too.
+* ``tags={"job": …}`` names the job, as it did in python-logging-loki, but the job id is
+  shipped in the ``training_job`` label (``JOBTRACE_LOKI_JOB_LABEL``), like every jobtrace
+  stream: ``job`` is the scrape job's label for Promtail and Prometheus (docs/loki.md).
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ class LokiHandler(logging.Handler):
 
     Args:
         url: Loki base or push URL (``JOBTRACE_LOKI_*`` supply credentials, tenant, TLS).
-        tags: static stream labels; ``job`` names the job (default ``$JOBTRACE_JOB_ID`` or ``python``).
+        tags: static stream labels; ``job`` (or ``training_job``) names the job, shipped in the
+            ``training_job`` label (default ``$JOBTRACE_JOB_ID`` or ``python``).
         auth: ``(username, password)`` for basic auth, as in python-logging-loki.
         version: accepted for compatibility; only the v1 push API exists.
         spool_dir: where unsent records wait (default: a per-process directory under the temp dir).
@@ -75,10 +79,12 @@ class LokiHandler(logging.Handler):
         super().__init__(level)
         tags = dict(tags or {})
         env = config.environ()
-        self.job = str(tags.pop("job", None) or config.get_str(config.JOB_ID, env) or "python")
+        named, legacy = tags.pop("training_job", None), tags.pop("job", None)
+        self.job = str(named or legacy or config.get_str(config.JOB_ID, env) or "python")
         labels = {_sanitize(k): str(v) for k, v in tags.items()}
-        labels = {k: v for k, v in labels.items() if k and k not in LABEL_KEYS and k not in METADATA_KEYS}
         base = options or LokiOptions.from_env()
+        labels = {k: v for k, v in labels.items()
+                  if k and k not in LABEL_KEYS and k not in METADATA_KEYS and k != base.job_label}
         opts = LokiOptions(**{**base.__dict__, "static_labels": {**base.static_labels, **labels}})
         overrides: dict[str, Any] = {}
         if auth:

@@ -1,4 +1,4 @@
-"""A job's store in object storage: ``jobtrace archive <job> --to s3://bucket/prefix``, and back for ``trace-job``.
+"""A job's store in object storage: ``jobtrace archive <job> --url s3://bucket/prefix``, and back for ``trace-job``.
 
 The archive is the cold tier of the retention policy: a job's raw lines, its segments and rollups, its
 Flight Recorder dumps and ingest ledger, as objects under ``<prefix>/<job directory>/``. Lines files are

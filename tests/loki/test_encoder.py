@@ -60,7 +60,7 @@ class TestProtobufPayload:
                 sm = {p.name: p.value for p in e.structuredMetadata}
                 assert sm["rank"] == str(ev["rank"]) and sm["trace_id"] == TRACE and sm["span_id"] == ev["span_id"]
                 assert sm.get("step") == (str(ev["step"]) if "step" in ev else None)
-                assert labels == {"job": "job-1", "node": ev["node"], "kind": ev["kind"],
+                assert labels == {"training_job": "job-1", "node": ev["node"], "kind": ev["kind"],
                                   **({"level": "INFO"} if ev["kind"] == "log" else {})}
                 assert not e.parsed
                 got.append(ev)
@@ -99,7 +99,7 @@ class TestProtobufPayload:
         decoded = push_pb2.PushRequest.FromString(bytes(cramjam.snappy.decompress_raw(enc.request([line(e) for e in events]).body)))
         assert len(decoded.streams) == 2
         for s in decoded.streams:
-            assert set(dict(re_labels(s.labels))) == {"job", "node", "kind"}
+            assert set(dict(re_labels(s.labels))) == {"training_job", "node", "kind"}
 
     def test_without_structured_metadata_the_line_still_carries_everything(self, push_pb2):
         """Fallback for Loki < 3.0: no metadata on the wire; rank, trace/span id and step are in the JSON line."""
@@ -116,7 +116,7 @@ class TestProtobufPayload:
         enc = LokiEncoder("http://x/loki/api/v1/push")
         decoded = push_pb2.PushRequest.FromString(
             bytes(cramjam.snappy.decompress_raw(enc.request([line(event(0, job=hostile))]).body)))
-        assert dict(re_labels(decoded.streams[0].labels))["job"] == hostile
+        assert dict(re_labels(decoded.streams[0].labels))["training_job"] == hostile
         assert label_string({"job": hostile}).count("\n") == 0
 
     def test_static_labels_from_the_environment(self, monkeypatch):
@@ -125,7 +125,7 @@ class TestProtobufPayload:
         opts = LokiOptions.from_env()
         enc = LokiEncoder("http://x/loki/api/v1/push", opts)
         body = orjson.loads(enc.request([line(event(0))]).body)
-        assert body["streams"][0]["stream"] == {"cluster": "a", "env": "prod", "job": "job-1", "node": "node0",
+        assert body["streams"][0]["stream"] == {"cluster": "a", "env": "prod", "training_job": "job-1", "node": "node0",
                                                 "kind": "span"}
         monkeypatch.setenv("JOBTRACE_LOKI_LABELS", "rank=1")
         with pytest.raises(ConfigError, match="set by jobtrace"):
@@ -330,5 +330,5 @@ class TestRegistry:
             t.shutdown()
         kinds = {orjson.loads(e.line)["kind"] for e in fake.entries}
         assert {"span", "log"} <= kinds
-        assert all(e.labels["job"] == "reg-job" for e in fake.entries)
+        assert all(e.labels["training_job"] == "reg-job" for e in fake.entries)
         assert {e.metadata["trace_id"] for e in fake.entries} == {t.identity.trace_id}

@@ -34,7 +34,7 @@ def count(vl, job_id: str) -> tuple[int, int]:
     """(lines, distinct lines) of a job on the server."""
     vl.force_flush()
     r = requests.post(vl.url + "/select/logsql/query",
-                      data={"query": '{job="%s"} | stats count() as n, count_uniq(_msg) as u' % job_id}, timeout=60)
+                      data={"query": '{training_job="%s"} | stats count() as n, count_uniq(_msg) as u' % job_id}, timeout=60)
     assert r.status_code == 200, r.text
     rows = [json.loads(x) for x in r.text.splitlines() if x.strip()]
     return (int(rows[0]["n"]), int(rows[0]["u"])) if rows else (0, 0)
@@ -42,7 +42,7 @@ def count(vl, job_id: str) -> tuple[int, int]:
 
 def server_lines(vl, job_id: str) -> list[str]:
     vl.force_flush()
-    r = requests.post(vl.url + "/select/logsql/query", data={"query": '{job="%s"} | fields _msg' % job_id}, timeout=60)
+    r = requests.post(vl.url + "/select/logsql/query", data={"query": '{training_job="%s"} | fields _msg' % job_id}, timeout=60)
     return [json.loads(x)["_msg"] for x in r.text.splitlines() if x.strip()]
 
 

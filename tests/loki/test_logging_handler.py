@@ -40,8 +40,8 @@ def test_tags_are_labels_record_tags_are_not_and_records_are_jobtrace_events(tmp
     assert h.shipper.wait_idle(30), "the two records were never sent"
     h.close()
     assert [e.labels for e in fake.entries] == [
-        {"job": "etl", "kind": "log", "level": "INFO", "node": fake.entries[0].labels["node"], "service_name": "etl-svc"},
-        {"job": "etl", "kind": "log", "level": "ERROR", "node": fake.entries[0].labels["node"], "service_name": "etl-svc"},
+        {"training_job": "etl", "kind": "log", "level": "INFO", "node": fake.entries[0].labels["node"], "service_name": "etl-svc"},
+        {"training_job": "etl", "kind": "log", "level": "ERROR", "node": fake.entries[0].labels["node"], "service_name": "etl-svc"},
     ]
     first, second = (orjson.loads(e.line) for e in fake.entries)
     assert first["msg"] == "row 3 of t" and first["attrs"] == {"request_id": "r-123"} and first["job"] == "etl"
@@ -80,7 +80,7 @@ def test_into_victorialogs(vl, tmp_path, logger):
     job = h.job
     h.close()
     vl.force_flush()
-    r = requests.post(vl.url + "/select/logsql/query", data={"query": '{job="%s"} | fields _msg, level' % job})
+    r = requests.post(vl.url + "/select/logsql/query", data={"query": '{training_job="%s"} | fields _msg, level' % job})
     rows = [json.loads(x) for x in r.text.splitlines() if x.strip()]
     assert len(rows) == 100 and {row["level"] for row in rows} == {"WARNING"}
     assert sorted(json.loads(row["_msg"])["msg"] for row in rows) == sorted(f"w {i}" for i in range(100))

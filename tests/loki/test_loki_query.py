@@ -22,15 +22,17 @@ HOUR = 3600 * 10**9
 RANGE = TimeRange(T0 - HOUR, T0 + 24 * HOUR)
 
 
-def fill(fake: FakeLoki, n: int, *, job: str = "j", same_ts_every: int = 1, t0: int = T0, streams: int = 4) -> list:
-    """``n`` events of job ``job``; ``same_ts_every`` consecutive events share one timestamp (across streams)."""
+def fill(fake: FakeLoki, n: int, *, job: str = "j", same_ts_every: int = 1, t0: int = T0, streams: int = 4,
+         label: str = "training_job") -> list:
+    """``n`` events of job ``job``, its id in the stream label ``label``; ``same_ts_every`` consecutive events share
+    one timestamp (across streams)."""
     expected = []
     for i in range(n):
         ts = t0 + (i // same_ts_every) * 1000
         ev = {"ts": ts, "kind": "log", "job": job, "trace_id": "a" * 32, "rank": i % streams, "node": "n",
               "level": "INFO", "msg": f"line {i}", "v": 1}
         text = orjson.dumps(ev).decode()
-        fake.add({"job": job, "node": "n", "kind": f"k{i % streams}"}, ts, text, {"rank": str(i % streams)})
+        fake.add({label: job, "node": "n", "kind": f"k{i % streams}"}, ts, text, {"rank": str(i % streams)})
         expected.append((ts, text))
     return expected
 
@@ -64,9 +66,9 @@ class TestPagination:
         r, transport = reader(fake, limit=100, parallel=1)
         list(r.fetch(selector("j"), RANGE.start_ns, RANGE.end_ns))
         hist, *pages = fake.queries
-        assert re.fullmatch(r'sum\(count_over_time\(\{job=~"j"\} \[\d+s\]\)\)', hist["query"])
+        assert re.fullmatch(r'sum\(count_over_time\(\{training_job=~"j"\} \[\d+s\]\)\)', hist["query"])
         assert hist["step"].endswith("s") and int(hist["start"]) == RANGE.start_ns
-        assert all(p["direction"] == "forward" and p["limit"] == "100" and p["query"] == '{job=~"j"}' for p in pages)
+        assert all(p["direction"] == "forward" and p["limit"] == "100" and p["query"] == '{training_job=~"j"}' for p in pages)
         assert [int(p["start"]) for p in pages[1:]] == [T0 + 99 * 1000, T0 + 198 * 1000]
         assert all(t.headers["X-Loki-Response-Encoding-Flags"] == "categorize-labels" for t in transport.requests)
         assert all(t.url.startswith("http://loki:3100/loki/api/v1/query_range?") for t in transport.requests)
@@ -130,7 +132,7 @@ class TestQueryBuilding:
         job = load_loki(hostile, url="http://loki:3100", time_range=RANGE, transport=InMemoryTransport(fake))
         assert job.stats.events == len(mine)
         sent = fake.queries[-1]["query"]
-        pattern = go_unquote(re.fullmatch(r"\{job=~(.*)\}", sent).group(1))
+        pattern = go_unquote(re.fullmatch(r"\{training_job=~(.*)\}", sent).group(1))
         assert re.fullmatch(pattern, hostile) and not re.fullmatch(pattern, "x")
 
     def test_tenant_and_credentials_go_in_headers_never_in_errors(self, monkeypatch):
@@ -193,7 +195,7 @@ class TestReport:
                 ev = orjson.loads(raw)
                 ev["ts"] += ev["rank"]  # the generator stamps all ranks alike; real clocks differ by more than 1 ns
                 lines.append(orjson.dumps(ev))
-                fake.add({"job": ev["job"], "node": ev["node"], "kind": ev["kind"]}, ev["ts"], lines[-1].decode(),
+                fake.add({"training_job": ev["job"], "node": ev["node"], "kind": ev["kind"]}, ev["ts"], lines[-1].decode(),
                          {"rank": str(ev["rank"])})
                 n += 1
             path.write_bytes(b"\n".join(lines) + b"\n")
@@ -208,3 +210,18 @@ class TestReport:
         pages = [q for q in fake.queries if not q.get("query", "sum(").startswith("sum(")]
         assert len(pages) <= n // 5000 + 8  # full pages, plus at most one partial page per window
         assert elapsed < 60, f"{n} events took {elapsed:.1f}s"
+
+
+class TestJobLabel:
+    def test_data_shipped_under_the_old_job_label_is_read_with_the_setting(self, monkeypatch):
+        """Streams whose job id is in ``job`` (what earlier versions shipped) are not this job's for the default
+        ``training_job`` reader, and are read whole with ``JOBTRACE_LOKI_JOB_LABEL=job`` (docs/loki.md)."""
+        fake = FakeLoki()
+        fill(fake, 40, job="old", label="job")
+        fill(fake, 30, job="other-tool", label="training_job")  # a job id that is someone's scrape job name is no match
+        monkeypatch.delenv("JOBTRACE_LOKI_JOB_LABEL", raising=False)
+        with pytest.raises(JobNotFound):
+            load_loki("old", url="http://loki:3100", time_range=RANGE, transport=InMemoryTransport(fake))
+        monkeypatch.setenv("JOBTRACE_LOKI_JOB_LABEL", "job")
+        job = load_loki("old", url="http://loki:3100", time_range=RANGE, transport=InMemoryTransport(fake))
+        assert job.stats.lines == 40 and all(q["query"].count("{job=~") == 1 for q in fake.queries[-2:])

@@ -52,7 +52,7 @@ class TestShippedJob:
         """Counts per rank and kind on the server equal the embedded store's; each line arrives once."""
         job_id, data = shipped
         local = read_events(data / job_id)
-        rows = logsql(vl, '{job="%s"} | fields _msg' % job_id)
+        rows = logsql(vl, '{training_job="%s"} | fields _msg' % job_id)
         remote = [json.loads(r["_msg"]) for r in rows]
         assert Counter((e["rank"], e["kind"]) for e in remote) == Counter((e["rank"], e["kind"]) for e in local)
         assert sorted(json.dumps(e, sort_keys=True) for e in remote) == \
@@ -65,7 +65,7 @@ class TestShippedJob:
     def test_labels_are_streams_and_ids_are_structured_fields(self, vl, shipped):
         """Stream = job/node/kind(/level); rank, trace_id, span_id, step are fields equal to the line's."""
         job_id, _ = shipped
-        rows = logsql(vl, '{job="%s"} | fields _stream, _msg, rank, trace_id, span_id, step' % job_id)
+        rows = logsql(vl, '{training_job="%s"} | fields _stream, _msg, rank, trace_id, span_id, step' % job_id)
         streams = {r["_stream"] for r in rows}
         assert all("rank" not in s and "step" not in s for s in streams)
         assert len(streams) <= 1 * 1 * 4 * 3  # one node, four kinds, logs by level
@@ -79,7 +79,7 @@ class TestShippedJob:
         assert len(traces) == 1
         # the structured fields are searchable: one rank's spans by trace id and rank
         (trace,) = traces
-        n = logsql(vl, '{job="%s", kind="span"} trace_id:="%s" rank:=2 | stats count() as n' % (job_id, trace))
+        n = logsql(vl, '{training_job="%s", kind="span"} trace_id:="%s" rank:=2 | stats count() as n' % (job_id, trace))
         assert int(n[0]["n"]) > 12
 
     def test_trace_job_on_victorialogs_gives_the_embedded_stores_report(self, vl, shipped):

@@ -61,7 +61,7 @@ def test_many_windows_in_parallel_return_every_event_once(vl):
     events = push(vl.url, job_id, 3000, t0)  # 3 s of events
     vl.force_flush()
     reader = VictoriaLogsReader(vl.url, RequestsTransport(HttpConfig(url=vl.url)), parallel=3, window_lines=1000)
-    windows = reader.windows('{job="%s"}' % job_id, t0 - 60 * 10**9, t0 + 60 * 10**9)
+    windows = reader.windows('{training_job="%s"}' % job_id, t0 - 60 * 10**9, t0 + 60 * 10**9)
     assert len(windows) >= 3
     job = load_victorialogs(job_id, url=vl.url, time_range=TimeRange(t0 - 60 * 10**9, t0 + 60 * 10**9),
                             window_lines=1000, parallel=3)

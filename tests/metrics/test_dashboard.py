@@ -16,18 +16,43 @@ def test_the_committed_board_is_the_generated_one():
 
 
 def test_it_runs_on_a_datasource_variable_and_imports_into_any_grafana():
+    """Panels, variables and the alerts annotation run on ``${datasource}`` (Prometheus, the one import input); the
+    findings annotation on ``${logs}`` (Loki, optional). No data-source uid is pinned."""
     d = json.loads(DASHBOARD_PATH.read_text())
-    (var,) = [v for v in d["templating"]["list"] if v["type"] == "datasource"]
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    var, logs = variables["datasource"], variables["logs"]
     (inp,) = d["__inputs"]
-    assert var["name"] == "datasource" and var["query"] == inp["pluginId"] == "prometheus"
-    assert var["current"]["value"] == "${%s}" % inp["name"]
+    assert var["type"] == logs["type"] == "datasource"
+    assert var["query"] == inp["pluginId"] == "prometheus" and logs["query"] == "loki"
+    assert var["current"]["value"] == "${%s}" % inp["name"] and "current" not in logs
     uids = {p["datasource"]["uid"] for p in d["panels"]} | {t["datasource"]["uid"] for p in d["panels"]
                                                              for t in p["targets"]}
     uids |= {v["datasource"]["uid"] for v in d["templating"]["list"] if "datasource" in v}
-    uids |= {a["datasource"]["uid"] for a in d["annotations"]["list"]}
-    assert uids == {"${datasource}"}
+    annotations = {a["name"]: a for a in d["annotations"]["list"]}
+    assert uids | {annotations["jobtrace alerts"]["datasource"]["uid"]} == {"${datasource}"}
+    assert annotations["jobtrace findings"]["datasource"] == {"type": "loki", "uid": "${logs}"}
     job, rank = (next(v for v in d["templating"]["list"] if v["name"] == n) for n in ("job", "rank"))
     assert job["multi"] and rank["multi"] and rank["includeAll"]
+
+
+def test_it_is_valid_under_grafanas_published_dashboard_schema():
+    """Grafana's dashboard JSON Schema (tests/loki/grafana_schema), the Prometheus query schema for every target."""
+    from tests.loki.grafana_schema import dashboard_errors
+
+    assert dashboard_errors(json.loads(DASHBOARD_PATH.read_text())) == []
+
+
+def test_job_and_rank_lists_come_from_the_labels_the_exporter_serves():
+    """The job, rank and node variables are label queries over ``jobtrace_step``; the exporter's series carry exactly
+    those labels (a renamed label would leave the lists empty)."""
+    from metrics._state import RankMetrics
+
+    served = set(RankMetrics("j", 3).labels())
+    for name in ("job", "rank", "node"):
+        var = next(v for v in dashboard()["templating"]["list"] if v["name"] == name)
+        assert var["type"] == "query" and var["multi"], name
+        m = re.fullmatch(r'label_values\(jobtrace_step(?:\{job=~"\$job"\})?, (\w+)\)', var["query"])
+        assert m and m.group(1) == name and m.group(1) in served, var["query"]
 
 
 def test_every_variable_used_is_defined_and_no_query_has_a_step_label():

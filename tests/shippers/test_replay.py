@@ -33,5 +33,5 @@ def test_replay_sends_a_dead_servers_backlog_in_full(tmp_path, victorialogs):
     assert "500 events accepted" in res.output and "0 bytes left" in res.output
     victorialogs.force_flush()
     r = requests.post(victorialogs.url + "/select/logsql/query",
-                      data={"query": '{job="replay-job"} | stats count() as n'}, timeout=30)
+                      data={"query": '{training_job="replay-job"} | stats count() as n'}, timeout=30)
     assert json.loads(r.text.splitlines()[0])["n"] == "500"
