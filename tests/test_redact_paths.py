@@ -117,6 +117,6 @@ def test_export_of_an_unredacted_job_sends_no_secret(tmp_path, victorialogs, mon
                                     "--data-dir", str(tmp_path / "d"), "--json"])
     assert res.exit_code == 0, res.output
     victorialogs.force_flush()
-    rows = victorialogs.query(f'job:="{job}"', start=f"{int(t0) - 3600}", end=f"{int(t0) + 3600}", limit="1000")
+    rows = victorialogs.query(f'training_job:="{job}"', start=f"{int(t0) - 3600}", end=f"{int(t0) + 3600}", limit="1000")
     text = json.dumps(rows).encode()
     assert len(rows) >= len(s.LINES) - 1 and b"REDACTED:" in text and not _leaked(text)
