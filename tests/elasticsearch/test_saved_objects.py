@@ -33,6 +33,7 @@ from kibana import _build
 from kibana._document import doc_id
 from kibana._setup import import_saved_objects, run_setup
 from tests.elasticsearch.conftest import refresh, ship, synth_lines
+from tests.elasticsearch.test_saved_object_shapes import mapped_fields
 from tests.servers.base import free_port
 
 FLAVOURS = ("kibana", "opensearch-dashboards")
@@ -120,21 +121,6 @@ def test_every_reference_resolves_and_every_ref_name_is_declared(flavour):
         assert used == names, obj["id"]
 
 
-def mapping_fields() -> dict[str, str]:
-    props = kibana.load_template("jobtrace-mappings")["template"]["mappings"]["properties"]
-
-    def walk(p: dict[str, Any], prefix: str = "") -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name, spec in p.items():
-            if "properties" in spec:
-                out.update(walk(spec["properties"], f"{prefix}{name}."))
-            if "type" in spec and spec["type"] != "object":
-                out[f"{prefix}{name}"] = spec["type"]
-        return out
-
-    return walk(props)
-
-
 def fields_used(obj: dict[str, Any]) -> set[str]:
     attrs = obj["attributes"]
     used: set[str] = set()
@@ -164,7 +150,7 @@ def fields_used(obj: dict[str, Any]) -> set[str]:
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_every_field_used_exists_in_the_index_template_mapping(flavour):
-    known = mapping_fields()
+    known = mapped_fields()
     for obj in objects(flavour):
         missing = fields_used(obj) - set(known)
         assert not missing, (obj["id"], missing)
