@@ -151,12 +151,18 @@ class Spool:
         self.read_seg, self.read_off = seg, off
 
     def pending_bytes(self) -> int:
+        """Bytes not yet accepted. Safe beside the sender thread: a segment it drops (:meth:`commit`)
+        between the listing and its size was accepted, so it counts nothing."""
         total = 0
+        read_seg, read_off = self.read_seg, self.read_off
         for seg in self._segments():
-            if seg < self.read_seg:
+            if seg < read_seg:
                 continue
-            size = (self.dir / _SEG.format(seg)).stat().st_size
-            total += size - (self.read_off if seg == self.read_seg else 0)
+            try:
+                size = (self.dir / _SEG.format(seg)).stat().st_size
+            except FileNotFoundError:
+                continue
+            total += max(size - (read_off if seg == read_seg else 0), 0)
         return total
 
     def close(self) -> None:

@@ -107,6 +107,29 @@ class TestSpool:
         assert got == lines and sp.pending_bytes() == 0
         assert len(list(tmp_path.glob("seg-*"))) == 1
 
+    def test_backlog_is_counted_while_the_sender_drops_segments(self, tmp_path):
+        """``jobtrace export`` counts the backlog while the sender commits: a 1,024-rank export once died
+        with FileNotFoundError on a segment dropped between the listing and its size."""
+        sp = Spool(tmp_path, segment_bytes=1000)
+        for i in range(0, 500, 10):
+            sp.append([f"line {j}\n".encode() for j in range(i, i + 10)])
+        before = sp.pending_bytes()
+        batch = sp.read_batch(300, 1 << 20)
+        listing = sp._segments
+
+        def sender_commits_right_after_the_listing() -> list[int]:
+            segments = listing()
+            for seg in segments:  # commit's first half: the finished segments go, the cursor not yet moved
+                if seg < batch.end[0]:
+                    (tmp_path / f"seg-{seg:012d}.jsonl").unlink()
+            return segments
+
+        sp._segments = sender_commits_right_after_the_listing  # type: ignore[method-assign]
+        during = sp.pending_bytes()
+        sp._segments = listing  # type: ignore[method-assign]
+        sp.commit(batch.end)
+        assert 0 < sp.pending_bytes() <= during < before
+
     def test_uncommitted_lines_survive_a_restart(self, tmp_path):
         sp = Spool(tmp_path)
         sp.append([b"a\n", b"b\n", b"c\n"])
