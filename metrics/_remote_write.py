@@ -24,18 +24,9 @@ from typing import Any
 
 from jobtrace.errors import ShipperError
 from jobtrace.http import HttpConfig, Request, RequestsTransport, Transport
+from jobtrace.protowire import varint as _varint
 
 __all__ = ["RemoteWriter", "encode_write_request"]
-
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # int64 as two's complement, as protobuf encodes a negative int64
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -45,6 +45,8 @@ from typing import IO, Any, Final
 
 import orjson
 
+from jobtrace.protowire import varint as _varint
+
 from ._model import Report
 
 __all__ = ["write_perfetto"]
@@ -103,17 +105,6 @@ _TABLED: Final = 2048
 """TrackEvents shorter than this (every span's) take their packet's framing from a table."""
 
 _STUCK_KINDS: Final = frozenset({"stalled_rank", "collective_mismatch", "hang"})
-
-
-def _varint(n: int) -> bytes:
-    if n < 0:
-        n += 1 << 64  # int64 fields: two's complement, ten bytes
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 _SMALL: Final = [_varint(i) for i in range(1 << 14)]

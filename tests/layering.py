@@ -6,7 +6,7 @@
 Layers, lowest first (a module may import its own package, or the public names of a
 package in a LOWER layer; packages of one layer never import each other):
 
-    0 core    jobtrace.errors, .events, .identity, .config, .redact, .http
+    0 core    jobtrace.errors, .events, .identity, .config, .redact, .http, .protowire
     1 store   jobtrace.store        wire  loki, kibana
     2 shippers, queries
     3 otel_instrumentation, ingest, metrics, jobtrace.synth
@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "jobtrace.config": 0,
     "jobtrace.redact": 0,
     "jobtrace.http": 0,
+    "jobtrace.protowire": 0,
     "jobtrace.store": 1,
     "loki": 1,
     "kibana": 1,
