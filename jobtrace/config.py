@@ -277,6 +277,10 @@ VL: Final = _server("VL", "VictoriaLogs", "Tenant, `<AccountID>[:<ProjectID>]`."
                     "of `jobtrace export`, `replay` and `ingest` (pushed to its `/insert/loki`).")
 VL_QUERY_PARALLEL: Final = _var("JOBTRACE_VL_QUERY_PARALLEL", "int", "4",
                                 "Queries in flight when `trace-job` reads VictoriaLogs.", "VictoriaLogs")
+VL_AGGREGATE: Final = _var("JOBTRACE_VL_AGGREGATE", "bool", "false",
+                           "`trace-job` asks VictoriaLogs for per-step sums instead of every event: less client "
+                           "memory and transfer, more server CPU, slower on the machines measured (docs/server-scale.md).",
+                           "VictoriaLogs")
 
 ES: Final = _server("ES", "Elasticsearch and OpenSearch", "Not used by Elasticsearch.",
                     "Ship every rank's events to this Elasticsearch 8/9 or OpenSearch 2.x.")

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from jobtrace.errors import JobNotFound
-from jobtrace.store import build_tables
 
 from ._clocks import APPLY_NS, node_offsets
 from ._failures import analyze_failures
@@ -106,7 +105,7 @@ def analyze(
     """
     cfg = config or AnalysisConfig()
     con = job.con
-    build_tables(con, job.derive_from, job.rollups)
+    job.build_tables()
     sync_phases = infer_sync_phases(con)
     step_info = rows(
         con, "SELECT count(DISTINCT step) AS n, min(step) AS lo, max(step) AS hi, median(step_ns) AS med FROM steps"

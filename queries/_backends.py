@@ -21,38 +21,42 @@ class Loader(Protocol):
     """Loads one job from one kind of backend into DuckDB (:class:`JobData`).
 
     Each is given every option :func:`load_job` was given and takes what its backend uses:
-    the embedded store ``data_dir``, a server ``url``, ``time_range`` and its own ``options``.
+    the embedded store ``data_dir``, a server ``url``, ``time_range``, ``whole`` and its own ``options``.
+    A server that can aggregate does, unless ``whole`` asks for every event (the views draw them).
     """
 
-    def __call__(self, job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange,
+    def __call__(self, job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,
                  **options: Any) -> JobData: ...
 
 
-def _load_local(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, **options: Any) -> JobData:
+def _load_local(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,
+                **options: Any) -> JobData:
     return load_local(data_dir, job_id)
 
 
-def _load_loki(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, **options: Any) -> JobData:
+def _load_loki(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,
+               **options: Any) -> JobData:
     from ._loki import load_loki
 
     return load_loki(job_id, url=url, time_range=time_range, **options)
 
 
-def _load_victorialogs(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange,
+def _load_victorialogs(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,
                        **options: Any) -> JobData:
     from ._victorialogs import load_victorialogs
 
-    return load_victorialogs(job_id, url=url, time_range=time_range, **options)
+    return load_victorialogs(job_id, url=url, time_range=time_range, whole=whole, **options)
 
 
-def _load_elasticsearch(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange,
+def _load_elasticsearch(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,
                         **options: Any) -> JobData:
     from ._elasticsearch import load_elasticsearch
 
-    return load_elasticsearch(job_id, url=url, time_range=time_range, **options)
+    return load_elasticsearch(job_id, url=url, time_range=time_range, whole=whole, **options)
 
 
-def _load_archive(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, **options: Any) -> JobData:
+def _load_archive(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,
+                  **options: Any) -> JobData:
     """A job archived by ``jobtrace archive`` (``--url s3://bucket/prefix``): downloaded, checked, then read."""
     import atexit
     import shutil
@@ -79,10 +83,12 @@ BACKENDS = tuple(LOADERS)
 
 
 def load_job(backend: str, job_id: str, *, data_dir: str = "jobtrace-data", url: str | None = None,
-             time_range: TimeRange | None = None, **options: Any) -> JobData:
-    """Load ``job_id``'s events from ``backend`` into DuckDB (a server's: over ``time_range``, the last
-    seven days by default)."""
+             time_range: TimeRange | None = None, whole: bool = False, **options: Any) -> JobData:
+    """Load ``job_id`` from ``backend`` into DuckDB (a server's: over ``time_range``, the last seven days by
+    default). VictoriaLogs and Elasticsearch aggregate the spans and metrics themselves unless ``whole``
+    asks for every event: the timeline, Perfetto, golden profiles and Flight Recorder merges need them."""
     loader = LOADERS.get(backend)
     if loader is None:
         raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return loader(job_id, data_dir=data_dir, url=url, time_range=time_range or TimeRange.parse(None, None), **options)
+    return loader(job_id, data_dir=data_dir, url=url, time_range=time_range or TimeRange.parse(None, None),
+                  whole=whole, **options)

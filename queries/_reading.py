@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from jobtrace.config import parse_duration_s
 from jobtrace.errors import BackendUnavailable, ConfigError, QueryError, ServerUnavailable
@@ -20,7 +22,7 @@ from jobtrace.redact import url_for_display
 if TYPE_CHECKING:
     from jobtrace.http import Request, Response, Transport
 
-__all__ = ["TimeRange", "busy_windows", "even_windows", "parse_time", "read_request"]
+__all__ = ["Progress", "TimeRange", "busy_windows", "even_windows", "parse_time", "read_request"]
 
 _REL = re.compile(r"^\d+(?:\.\d+)?[smhdw]$")
 
@@ -125,3 +127,40 @@ def read_request(transport: Transport, request: Request, *, timeout_s: float, re
     raise QueryError("unreachable")  # pragma: no cover
 
 
+
+
+class Progress:
+    """``reading from VictoriaLogs: 12/40 queries, 31.2 MiB`` on one stderr line, for reads that take a while.
+
+    Drawn only on a terminal and only once a read has run for ``after_s`` (a quick read stays silent,
+    and a pipe or a CI log never gets carriage returns); the line is cleared when the read ends.
+    Thread-safe: readers call :meth:`step` from their worker threads.
+    """
+
+    def __init__(self, what: str, total: int, *, after_s: float = 1.0, stream: TextIO | None = None) -> None:
+        self.what, self.total, self.done, self.bytes = what, total, 0, 0
+        self._stream = stream if stream is not None else sys.stderr
+        self._t0 = time.monotonic()
+        self._after_s = after_s
+        self._drawn = False
+        self._lock = threading.Lock()
+        self._tty = self._stream.isatty()
+
+    def step(self, nbytes: int = 0) -> None:
+        with self._lock:
+            self.done += 1
+            self.bytes += nbytes
+            if self._tty and time.monotonic() - self._t0 >= self._after_s:
+                self._stream.write(f"\r{self.line()}")
+                self._stream.flush()
+                self._drawn = True
+
+    def line(self) -> str:
+        return f"{self.what}: {self.done}/{self.total} queries, {self.bytes / 2**20:.1f} MiB"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._drawn:
+                self._stream.write("\r" + " " * len(self.line()) + "\r")
+                self._stream.flush()
+                self._drawn = False

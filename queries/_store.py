@@ -25,7 +25,17 @@ import orjson
 from jobtrace import config
 from jobtrace.errors import JobNotFound, QueryError
 from jobtrace.events import COLUMNS
-from jobtrace.store import cache_dir, count_lines, job_dir, job_files, json_scan_sql, list_jobs, literal, literal_list
+from jobtrace.store import (
+    build_tables,
+    cache_dir,
+    count_lines,
+    job_dir,
+    job_files,
+    json_scan_sql,
+    list_jobs,
+    literal,
+    literal_list,
+)
 
 __all__ = ["COLUMNS", "JobData", "ReadStats", "load_local", "load_events", "list_local_jobs"]
 
@@ -41,6 +51,8 @@ class ReadStats:
     torn_lines: int = 0
     corrupt_lines: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    fetched_events: int | None = None
+    """Where a server aggregated the job: the events fetched whole (the others were read as per-step rows)."""
 
 
 @dataclass
@@ -55,6 +67,15 @@ class JobData:
     """The relation the derived tables are built from: ranks whose rollup is not in :attr:`rollups`."""
     rollups: dict[str, list[str]] = field(default_factory=dict)
     """Per derived table, the rollup files that ranks wrote at exit (see :mod:`._segments`)."""
+    prebuilt: dict[str, str] = field(default_factory=dict)
+    """Per derived table, a relation a log server already aggregated its rows into (see :mod:`._server_tables`);
+    ``events`` then holds only the events the checks read directly."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Per derived table, another relation than :attr:`derive_from` for its statement to read."""
+
+    def build_tables(self) -> None:
+        """(Re)create the derived tables every check reads (see :func:`jobtrace.store.build_tables`)."""
+        build_tables(self.con, self.derive_from, self.rollups, prebuilt=self.prebuilt, sources=self.sources)
 
     def writable(self) -> None:
         """Turn ``events`` into a table (if it is a read-only view over Parquet) so events can be added.
@@ -62,6 +83,8 @@ class JobData:
         Added events may belong to any rank, so the ranks' rollups no longer tell the
         whole story: everything is derived from ``events`` from then on.
         """
+        if self.prebuilt:
+            raise QueryError("this job was read as a server's aggregates; read it whole to add events to it")
         self.derive_from, self.rollups = "events", {}
         kind = self.con.execute(
             "SELECT table_type FROM information_schema.tables WHERE table_name = 'events'").fetchone()
@@ -185,7 +208,8 @@ def _write_cache(con: duckdb.DuckDBPyConnection, cached: Path, stats_file: Path,
         pass
 
 
-def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, stats: ReadStats | None = None) -> JobData:
+def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, stats: ReadStats | None = None, *,
+                empty_ok: bool = False) -> JobData:
     """Load canonical event dicts (from a log server) into the same ``events`` table.
 
     Rows are staged as JSON lines in a temporary file so DuckDB parses them with the
@@ -202,7 +226,7 @@ def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, s
             n += 1
         path = tmp.name
     try:
-        if n == 0:
+        if n == 0 and not empty_ok:
             raise JobNotFound(f"no events for job {job_id!r} in {source}")
         con.execute(
             f"CREATE TABLE events AS SELECT * FROM {json_scan_sql()} WHERE kind IS NOT NULL AND ts IS NOT NULL",
@@ -215,3 +239,37 @@ def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, s
     if n > stats.events:
         stats.skipped["not a valid event"] = stats.skipped.get("not a valid event", 0) + n - stats.events
     return JobData(job_id, con, stats, source)
+
+
+def load_wrapped_events(job_id: str, files: list[str], field: str, source: str, stats: ReadStats) -> tuple[JobData, int]:
+    """Load events whose canonical JSON is the text of ``field`` in each line of ``files`` (VictoriaLogs'
+    ``_msg``), parsed by DuckDB: Python never holds one of them, so a million events cost seconds and
+    little memory. Returns the job and the number of lines whose ``field`` held no event at all (a
+    server that parsed the messages itself: the caller rebuilds those from the fields).
+
+    Lines of another job are dropped and counted, as are events without a kind or a time.
+    """
+    con = _connect()
+    structure = orjson.dumps(dict(COLUMNS)).decode()
+    if files:
+        scan = (f"read_json({literal_list(files)}, format='newline_delimited', columns={{{literal(field)}: 'VARCHAR'}}, "
+                "ignore_errors=true, maximum_object_size=16777216)")
+        con.execute(f"""CREATE TEMP TABLE wrapped AS
+            SELECT CASE WHEN json_valid(m) AND json_type(m) = 'OBJECT' THEN json_transform(m, {literal(structure)}) END AS e
+            FROM (SELECT "{field}" AS m FROM {scan})""")
+    else:
+        con.execute(f"CREATE TEMP TABLE wrapped AS SELECT json_transform('{{}}', {literal(structure)}) AS e WHERE false")
+    lines, unparsed, other = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE e IS NULL OR e.kind IS NULL), "
+        "count(*) FILTER (WHERE e.kind IS NOT NULL AND e.job IS DISTINCT FROM ?) FROM wrapped", [job_id]).fetchone()  # type: ignore[misc]
+    con.execute("CREATE TABLE events AS SELECT e.* FROM wrapped WHERE e.kind IS NOT NULL AND e.ts IS NOT NULL "
+                "AND e.job = ?", [job_id])
+    con.execute("DROP TABLE wrapped")
+    stats.lines += lines
+    stats.events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
+    if other:
+        stats.skipped["not a jobtrace event of this job"] = stats.skipped.get("not a jobtrace event of this job", 0) + other
+    invalid = lines - unparsed - other - stats.events
+    if invalid > 0:
+        stats.skipped["not a valid event"] = stats.skipped.get("not a valid event", 0) + invalid
+    return JobData(job_id, con, stats, source), unparsed

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from jobtrace.errors import JobNotFound, QueryError, Refused
-from jobtrace.store import build_tables, ingest_caveats
+from jobtrace.store import ingest_caveats
 
 from ._analysis import analyze
 from ._flight_recorder import add_flight_recorder, load_flight_recorder
@@ -67,7 +67,7 @@ def trace_job(job_id: str, data_dir: str | os.PathLike[str], cfg: AnalysisConfig
         entries = lib.load_all([n for n in lib.names() if n not in opts.compare_to])
         if not entries and not refs:
             raise QueryError(f"no golden runs in {lib.where}: add known-good jobs with `jobtrace golden add JOB`")
-        build_tables(job.con, job.derive_from, job.rollups)  # the profile reads the step tables
+        job.build_tables()  # the profile reads the step tables
         profile = profile_job(job)
         chosen, why = choose_golden(profile, [e for e in entries if e.job_id != job.job_id])
         refs += chosen

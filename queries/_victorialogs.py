@@ -37,10 +37,12 @@ from jobtrace import config
 from jobtrace.errors import JobNotFound
 from jobtrace.http import url_without_suffix
 from jobtrace.redact import url_for_display
+from jobtrace.store import METRICS
 from loki import job_label, logsql_quote
 
-from ._reading import TimeRange, busy_windows, read_request
-from ._store import COLUMNS, JobData, ReadStats, load_events
+from ._reading import Progress, TimeRange, busy_windows, read_request
+from ._server_tables import Staging, with_aggregates
+from ._store import COLUMNS, JobData, ReadStats, load_events, load_wrapped_events
 
 __all__ = ["VictoriaLogsReader", "load_victorialogs", "logsql_quote", "rfc3339_ns"]
 
@@ -93,6 +95,12 @@ class VictoriaLogsReader:
 
     def query(self, logsql: str, start_ns: int, end_ns: int) -> list[dict[str, Any]]:
         """Rows of a LogsQL query over ``[start, end)`` (one dict per JSON line)."""
+        body, _ = self.query_bytes(logsql, start_ns, end_ns)
+        loads = orjson.loads
+        return [loads(line) for line in body.splitlines() if line.strip()]
+
+    def query_bytes(self, logsql: str, start_ns: int, end_ns: int) -> tuple[bytes, int]:
+        """A LogsQL query's answer as the server sent it (JSON lines) and its number of rows."""
         from urllib.parse import urlencode
 
         from jobtrace.http import Request
@@ -101,8 +109,7 @@ class VictoriaLogsReader:
         response = read_request(self.transport, Request("POST", f"{self.base}/select/logsql/query", body, self.headers),
                                 timeout_s=self.timeout_s, retries=self.retries, backend="VictoriaLogs", base=self.base,
                                 credentials_hint="JOBTRACE_VL_USERNAME/_PASSWORD/_TOKEN", on_attempt=self._count_request)
-        loads = orjson.loads
-        return [loads(line) for line in response.body.splitlines() if line.strip()]
+        return response.body, response.body.count(b"\n")
 
     def _count_request(self) -> None:
         self.requests += 1
@@ -143,13 +150,147 @@ class VictoriaLogsReader:
             stats.lines += len(rows)
         return events
 
+    def stage(self, selector: str, start_ns: int, end_ns: int, staging: Staging) -> None:
+        """Every line of ``selector``, as the server sends it, into ``staging``'s events (windows in parallel)."""
+        windows = self.windows(selector, start_ns, end_ns)
+        progress = Progress("reading from VictoriaLogs", len(windows))
+
+        def one(window: tuple[int, int]) -> None:
+            body, n = self.query_bytes(f"{selector} | fields _msg", *window)
+            staging.add("events", body, n)
+            progress.step(len(body))
+
+        try:
+            with ThreadPoolExecutor(self.parallel, thread_name_prefix="jobtrace-vl-read") as pool:
+                list(pool.map(one, windows))
+        finally:
+            progress.close()
+
     def fetch(self, selector: str, start_ns: int, end_ns: int, stats: ReadStats) -> Iterator[dict[str, Any]]:
+        """Every event of ``selector`` as a dict, rebuilt from the fields where the server parsed the messages."""
         windows = self.windows(selector, start_ns, end_ns)
         if len(windows) <= 1 or self.parallel == 1:
             return (e for w in windows for e in self.fetch_window(selector, w[0], w[1], stats))
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="jobtrace-vl-read") as pool:
             parts = list(pool.map(lambda w: self.fetch_window(selector, w[0], w[1], stats), windows))
         return (e for part in parts for e in part)
+
+
+# Tier A (queries._server_tables): the server sums spans and metrics per rank and step; events are
+# fetched whole only where a check reads them. Each query runs over one slice of ranks, so no group
+# straddles two answers and the slices run side by side.
+_SPAN_FIELDS = "cat, name, dur, start, ts"
+_PHASE_SUMS = ", ".join(f"sum(dur) if (cat:=phase name:={name}) {p}_ns, count(dur) if (cat:=phase name:={name}) n_{p}"
+                        for p, name in (("data", "data"), ("fwd", "forward"), ("bwd", "backward"), ("opt", "optimizer")))
+_STEP_ROWS = (
+    "| unpack_json fields (" + _SPAN_FIELDS + ") | filter cat:in(step, phase)"
+    " | stats by (rank, step) min(node) node, count() if (cat:=step) n_step, sum(dur) if (cat:=step) step_ns,"
+    " count(dur) if (cat:=step) n_step_dur, min(start) if (cat:=step) t0, max(ts) if (cat:=step) t1,"
+    " uniq_values(span_id) if (cat:=step) step_span_ids, count() if (cat:=phase) n_phase,"
+    " sum(dur) if (cat:=phase) phase_ns, count(dur) if (cat:=phase) n_phase_dur, " + _PHASE_SUMS)
+_COLL_ATTRS = ("group", "seq", "bytes", "group_size", "async", "error", "source")
+_COLL_ROWS = (
+    "| unpack_json fields (" + _SPAN_FIELDS + ", " + ", ".join(f"attrs.{a}" for a in _COLL_ATTRS) + ")"
+    " | filter cat:=collective | rename " + ", ".join(f"attrs.{a} as {a}" for a in _COLL_ATTRS) +
+    " | fields rank, node, step, ts, start, dur, span_id, name, " + ", ".join(_COLL_ATTRS))
+_MET_ROWS = (
+    "| unpack_json fields (ts, " + ", ".join(f"metrics.{m}" for m in METRICS) + ")"
+    " | stats by (rank, step) max(ts) ts, min(node) node, row_max(ts, span_id) r_span_id, "
+    + ", ".join(f"row_max(ts, metrics.{m}) if (metrics.{m}:*) r_{m}" for m in METRICS)
+    + " | unpack_json from r_span_id fields (span_id) | "
+    + " | ".join(f"unpack_json from r_{m} fields (metrics.{m})" for m in METRICS)
+    + " | rename " + ", ".join(f"metrics.{m} as {m}" for m in METRICS)
+    + " | fields rank, step, ts, node, span_id, " + ", ".join(METRICS))
+_RANK_ROWS = (
+    "| unpack_json fields (ts, world, rank_est, cat, attrs.error)"
+    " | stats by (rank) min(node) node, min(ts) first_ts, max(ts) last_ts,"
+    " max(ts) if (-(cat:=collective attrs.error:*)) progress_ts, max(step) last_step, max(world) world,"
+    " uniq_values(trace_id) traces, count() n, count() if (rank_est:=true) n_est")
+_LAST_SPANS = (
+    "| unpack_json fields (ts, dur, name, cat, attrs.error)"
+    " | sort by (ts desc, dur desc, span_id desc) partition by (rank) limit 1"
+    " | rename ts as ls_ts, dur as ls_dur, name as ls_name, cat as ls_cat, span_id as ls_span_id,"
+    " attrs.error as ls_error, step as ls_step | fields rank, ls_ts, ls_dur, ls_name, ls_cat, ls_span_id, ls_error, ls_step")
+_RAW = (
+    # logs and heartbeats: the checks read them whole
+    "-kind:in(span, metric) | fields _msg",
+    # the fp16 loss-scale metrics (the scaling table)
+    'kind:=metric ("loss_scale" OR "overflow") | fields _msg',
+    # each rank's ten longest data waits (cited by the data-wait finding)
+    "kind:=span | unpack_json fields (cat, name, dur) | filter cat:=phase name:=data"
+    " | sort by (dur desc) partition by (rank) limit 10 | fields _msg",
+    # the first step span and the first loss (where training settled, for the overflow check)
+    "kind:=span | unpack_json fields (cat, ts) | filter cat:=step | sort by (ts) limit 1 | fields _msg",
+    'kind:=metric -"loss_scale" -"overflow" | unpack_json fields (ts, metrics.loss) | filter metrics.loss:*'
+    " | sort by (ts) limit 1 | fields _msg",
+)
+
+
+def _rank_slices(counts: dict[int, int], max_events: int, at_least: int) -> list[tuple[int, int]]:
+    """Contiguous ``[lo, hi)`` rank ranges of at most ``max_events`` events each (at least ``at_least`` of them)."""
+    ranks = sorted(counts)
+    if not ranks:
+        return []
+    total = sum(counts.values())
+    size = max(1, min(max_events, -(-total // max(1, at_least))))
+    out: list[tuple[int, int]] = []
+    lo, acc = ranks[0], 0
+    for r in ranks:
+        if acc and acc + counts[r] > size:
+            out.append((lo, r))
+            lo, acc = r, 0
+        acc += counts[r]
+    out.append((lo, ranks[-1] + 1))
+    return out
+
+
+def aggregate_victorialogs(reader: VictoriaLogsReader, selector: str, start_ns: int, end_ns: int,
+                           staging: Staging) -> tuple[int, int]:
+    """Stage the job's per rank × step rows and the events read whole; return ``(events in the job, collectives)``."""
+    counts: dict[int, int] = {}
+    unranked = 0
+    for row in reader.query(f"{selector} | stats by (rank) count() n", start_ns, end_ns):
+        try:
+            counts[int(row.get("rank", ""))] = int(row["n"])
+        except (TypeError, ValueError, KeyError):
+            unranked += int(row.get("n") or 0)
+    total = sum(counts.values()) + unranked
+    slices = [f"rank:range[{lo}, {hi})" for lo, hi in _rank_slices(counts, reader.window_lines * 10, reader.parallel)]
+    if unranked:
+        slices.append('rank:""')
+    kinds = {"step_rows": ('kind:=span step:*', _STEP_ROWS), "coll_rows": ("kind:=span", _COLL_ROWS),
+             "met_rows": ("kind:=metric step:*", _MET_ROWS), "rank_rows": ("kind:in(span, metric)", _RANK_ROWS),
+             "last_spans": ("kind:=span", _LAST_SPANS)}
+    colls = 0
+    lock = threading.Lock()
+
+    def run(task: tuple[str, str]) -> None:
+        nonlocal colls
+        what, where = task
+        if what == "raw":
+            for q in _RAW:
+                staging.add("events", *reader.query_bytes(f"{selector} {where} {q}", start_ns, end_ns))
+            return
+        filt, pipes = kinds[what]
+        body, n = reader.query_bytes(f"{selector} {where} {filt} {pipes}", start_ns, end_ns)
+        staging.add("rank_rows" if what == "last_spans" else what, body, n)
+        if what == "coll_rows":
+            with lock:
+                colls += n
+
+    tasks = [(what, where) for where in slices for what in (*kinds, "raw")]
+    progress = Progress("reading from VictoriaLogs", len(tasks))
+
+    def step(task: tuple[str, str]) -> None:
+        run(task)
+        progress.step()
+
+    try:
+        with ThreadPoolExecutor(reader.parallel, thread_name_prefix="jobtrace-vl-agg") as pool:
+            list(pool.map(step, tasks))
+    finally:
+        progress.close()
+    return total, colls
 
 
 _INT_COLUMNS = {k for k, v in COLUMNS.items() if v in ("BIGINT", "INTEGER")}
@@ -194,9 +335,19 @@ def _only_job(job_id: str, events: Iterable[dict[str, Any]], stats: ReadStats) -
 
 
 def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRange, transport: Any = None,
-                      parallel: int | None = None, **options: Any) -> JobData:
+                      parallel: int | None = None, whole: bool = False, aggregate: bool | None = None,
+                      **options: Any) -> JobData:
     """Load ``job_id`` from VictoriaLogs (``url`` or ``JOBTRACE_VL_URL``; auth from ``JOBTRACE_VL_*``;
-    ``JOBTRACE_VL_TENANT=<AccountID>[:<ProjectID>]``)."""
+    ``JOBTRACE_VL_TENANT=<AccountID>[:<ProjectID>]``).
+
+    Every event is read, as the server stores it, and parsed by DuckDB. With ``aggregate``
+    (default ``JOBTRACE_VL_AGGREGATE``, off) the server sums the spans and metrics instead
+    (:mod:`._server_tables`): a tenth of the transfer and of the client's memory, but each of those
+    queries unpacks every event's JSON on the server, which costs it more CPU than sending the events
+    costs both sides (docs/server-scale.md has the figures). ``whole`` (the timeline and Perfetto
+    views draw every event) and a job with no collective recorded (phases may then stand in for
+    them, which reads the phase spans themselves) always read every event.
+    """
     from jobtrace.http import HttpConfig, RequestsTransport
 
     http = HttpConfig.from_env(config.VL.prefix, url)
@@ -205,12 +356,37 @@ def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRa
                                 **options)
     selector = "{" + job_label() + "=" + logsql_quote(job_id) + "}"
     stats = ReadStats()
+    source = f"victorialogs:{_safe(reader.base)}"
+    staging = Staging()
     try:
-        events = _only_job(job_id, reader.fetch(selector, time_range.start_ns, time_range.end_ns, stats), stats)
-        return load_events(job_id, events, f"victorialogs:{_safe(reader.base)}", stats)
+        total = colls = None
+        if aggregate is None:
+            aggregate = config.get_bool(config.VL_AGGREGATE)
+        if aggregate and not whole:
+            total, colls = aggregate_victorialogs(reader, selector, time_range.start_ns, time_range.end_ns, staging)
+            if total == 0:
+                raise JobNotFound(job_id)
+        if not colls:  # whole, or no collective recorded: every event (phases may stand in for collectives)
+            staging.close()
+            staging = Staging()
+            reader.stage(selector, time_range.start_ns, time_range.end_ns, staging)
+        job, unparsed = load_wrapped_events(job_id, staging.files("events"), "_msg", source, stats)
+        if unparsed:
+            # Lines stored with message parsing on (not by jobtrace's shipper): every event, read the slow way,
+            # where a window of such lines is rebuilt from its fields.
+            job.con.close()
+            stats = ReadStats()
+            events = _only_job(job_id, reader.fetch(selector, time_range.start_ns, time_range.end_ns, stats), stats)
+            return load_events(job_id, events, source, stats)
+        if colls:
+            return with_aggregates(job, staging, total or 0)
+        if job.stats.events == 0:
+            raise JobNotFound(job_id)
+        return job
     except JobNotFound:
         raise JobNotFound(f"no events for job {job_id!r} in VictoriaLogs at {_safe(reader.base)} in the chosen "
                           "time range (widen with --since)") from None
     finally:
+        staging.close()
         if transport is None:
             reader.transport.close()

@@ -90,7 +90,8 @@ def add(job_id: str, data_dir: str, backend: str, url: str | None, golden_dir: s
 
     job = None
     if backend != "local":
-        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=TimeRange.parse(since, until))
+        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=TimeRange.parse(since, until),
+                       whole=True)
     library = _library(backend, url, data_dir, golden_dir)
     where, _ = mark_golden(job_id, data_dir, name, force=force, tags=list(tags), job=job, library=library)  # Refused: 1
     click.echo(f"golden run {name or job_id} added: {where}")

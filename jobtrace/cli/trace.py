@@ -135,7 +135,10 @@ def trace_job(job_id: str, backend: str, url: str | None, since: str | None, unt
         raise click.BadParameter(str(exc), param_hint="'--since' / '--until'") from None
     opts = _trace_options(views)
     try:
-        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng)
+        # The views draw every event, and golden profiles and Flight Recorder merges read them: only the
+        # report alone can be built from what the server aggregates.
+        whole = bool(opts.timeline or opts.perfetto or opts.flight_recorder or opts.golden or opts.compare_to)
+        job = load_job(backend, job_id, data_dir=data_dir, url=url, time_range=rng, whole=whole)
     except JobNotFound as exc:
         if not opts.flight_recorder:
             raise  # exit 3, the message naming the backend it was not found in

@@ -25,7 +25,7 @@ import orjson
 
 from ._sql import literal_list
 
-__all__ = ["DERIVED", "METRICS", "ROLLUP_KEY", "build_tables"]
+__all__ = ["BUILD_ORDER", "DERIVED", "METRICS", "ROLLUP_KEY", "build_tables"]
 
 # json_transform parses each document once into typed fields (a value of the wrong type becomes NULL),
 # ~1.6x faster than extracting strings and casting them.
@@ -47,13 +47,28 @@ METRICS = (
 )
 
 
-def build_tables(con: Any, source: str = "events", rollups: Mapping[str, Sequence[str]] | None = None) -> None:
-    """Create ``colls``, ``steps`` and ``mets`` from the ``source`` relation plus the rollup files given."""
-    for sql in _statements(source):
-        con.execute(sql)
+def build_tables(con: Any, source: str = "events", rollups: Mapping[str, Sequence[str]] | None = None, *,
+                 prebuilt: Mapping[str, str] | None = None, sources: Mapping[str, str] | None = None) -> None:
+    """Create the derived tables from the ``source`` relation plus the rollup files given.
+
+    ``prebuilt`` names, per table, a relation that already holds its rows (a log server aggregated
+    them: see ``queries._server_tables``); it is copied instead of derived. ``sources`` gives one
+    table's statement another relation to read than ``source``. Copies, not the relations themselves,
+    because the checks may add rows (inferred collectives), and a second build must start afresh.
+    """
+    prebuilt, sources = prebuilt or {}, sources or {}
+    for name in BUILD_ORDER:
+        if name in prebuilt:
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {prebuilt[name]}")
+        else:
+            con.execute(dict(zip(BUILD_ORDER, _statements(sources.get(name, source)), strict=True))[name])
     for table, paths in (rollups or {}).items():
         if paths:
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet({literal_list(paths)})")
+
+
+BUILD_ORDER: Final = ("colls", "step_spans", "phase_sums", "steps", "ranks", "mets", "scaling")
+"""The statements of :func:`_statements`, in order (``steps`` reads ``colls``, ``step_spans`` and ``phase_sums``)."""
 
 
 def _statements(source: str) -> list[str]:
@@ -79,15 +94,18 @@ def _statements(source: str) -> list[str]:
         FROM {source} WHERE kind = 'span' AND cat = 'step' AND step IS NOT NULL GROUP BY rank, step
         """,
         f"""
+        CREATE OR REPLACE TEMP TABLE phase_sums AS
+        SELECT rank, step,
+               sum(dur) FILTER (WHERE name = 'data') AS data_ns,
+               sum(dur) FILTER (WHERE name = 'forward') AS fwd_ns,
+               sum(dur) FILTER (WHERE name = 'backward') AS bwd_ns,
+               sum(dur) FILTER (WHERE name = 'optimizer') AS opt_ns,
+               sum(dur) AS phase_ns
+        FROM {source} WHERE kind = 'span' AND cat = 'phase' AND step IS NOT NULL GROUP BY rank, step
+        """,
+        """
         CREATE OR REPLACE TEMP TABLE steps AS
-        WITH p AS (
-            SELECT rank, step,
-                   sum(dur) FILTER (WHERE name = 'data') AS data_ns,
-                   sum(dur) FILTER (WHERE name = 'forward') AS fwd_ns,
-                   sum(dur) FILTER (WHERE name = 'backward') AS bwd_ns,
-                   sum(dur) FILTER (WHERE name = 'optimizer') AS opt_ns,
-                   sum(dur) AS phase_ns
-            FROM {source} WHERE kind = 'span' AND cat = 'phase' AND step IS NOT NULL GROUP BY rank, step),
+        WITH p AS (SELECT * FROM phase_sums),
         -- Time with a collective in flight inside the step span (a barrier after the loop keeps the last step
         -- number): the union of their intervals, since DDP's buckets and FSDP's prefetches overlap each other.
         -- Sorted by start, each adds what it reaches past the latest end before it.
@@ -157,7 +175,7 @@ def _statements(source: str) -> list[str]:
 
 
 DERIVED: Final = ("colls", "steps", "mets", "ranks", "scaling")
-"""The derived tables a rank's rollup holds (``step_spans`` only serves to build ``steps``)."""
+"""The derived tables a rank's rollup holds (``step_spans`` and ``phase_sums`` only serve to build ``steps``)."""
 
 ROLLUP_KEY: Final = hashlib.sha256("".join(_statements("events")).encode()).hexdigest()[:8]
 """Changes whenever the derived tables' SQL does, so rollups from another version are never trusted."""

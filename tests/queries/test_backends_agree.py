@@ -29,6 +29,20 @@ def verdicts(report) -> list[tuple[str, list[int]]]:
     return sorted((f.kind, f.ranks) for f in report.findings if f.severity in ("error", "warning"))
 
 
+ORDER = {"colls": "rank, grp, seq, ts, span_id", "steps": "rank, step", "mets": "rank, step", "ranks": "rank",
+         "scaling": "rank, ts, step"}
+
+
+def tables(job) -> dict[str, list[tuple]]:
+    """The derived tables every check reads, row by row (NaN made comparable)."""
+    job.build_tables()
+    out = {}
+    for table, order in ORDER.items():
+        found = job.con.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
+        out[table] = [tuple("NaN" if isinstance(v, float) and v != v else v for v in row) for row in found]
+    return out
+
+
 @pytest.fixture(scope="module")
 def faulty_job(victorialogs, opensearch, tmp_path_factory):
     from jobtrace.demo import DemoConfig, run_job
@@ -65,6 +79,30 @@ def test_victorialogs_gives_the_same_verdicts(faulty_job, victorialogs):
     there = load_job("victorialogs", job_id, url=victorialogs.url, time_range=TimeRange.parse("1h", None))
     assert there.stats.events == here.stats.events
     assert verdicts(analyze(there, CFG)) == verdicts(analyze(here, CFG))
+
+
+def test_victorialogs_summing_on_the_server_gives_the_same_tables(faulty_job, victorialogs):
+    job_id, data = faulty_job
+    victorialogs.force_flush()
+    here = load_local(data, job_id)
+    there = load_job("victorialogs", job_id, url=victorialogs.url, time_range=TimeRange.parse("1h", None),
+                     aggregate=True)
+    assert there.stats.events == here.stats.events
+    # the server summed the spans and metrics: few events came whole, yet every table is the same
+    assert there.stats.fetched_events is not None and there.stats.fetched_events < here.stats.events / 2
+    assert tables(there) == tables(here)
+    assert verdicts(analyze(there, CFG)) == verdicts(analyze(here, CFG))
+
+
+def test_victorialogs_reads_every_event_where_a_view_needs_them(faulty_job, victorialogs):
+    job_id, data = faulty_job
+    victorialogs.force_flush()
+    here = load_local(data, job_id)
+    there = load_job("victorialogs", job_id, url=victorialogs.url, time_range=TimeRange.parse("1h", None),
+                     whole=True, aggregate=True)  # the timeline's whole read wins over summing
+    assert there.stats.fetched_events is None
+    assert there.con.execute("SELECT count(*) FROM events").fetchone()[0] == here.stats.events
+    assert tables(there) == tables(here)
 
 
 def test_opensearch_gives_the_same_verdicts(faulty_job, opensearch):

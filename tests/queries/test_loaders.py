@@ -1,4 +1,4 @@
-"""``load_job``'s table of backends: each name has a loader, a server's loader is imported only when used."""
+"""``load_job``'s table of backends (a server's loader imported only when used) and what the loaders share."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def test_a_server_loader_gets_the_url_the_range_and_its_own_options(monkeypatch)
         monkeypatch.setattr(module, name, lambda job_id, name=name, **kw: calls.append((name, job_id, kw)) or name)
     assert load_job("loki", "j", url="http://l", time_range=rng, limit=5) == "load_loki"
     assert load_job("victorialogs", "j", data_dir="ignored", url="http://v", parallel=2) == "load_victorialogs"
-    assert load_job("elasticsearch", "j", time_range=rng, namespace="ns") == "load_elasticsearch"
+    assert load_job("elasticsearch", "j", time_range=rng, namespace="ns", whole=True) == "load_elasticsearch"
     (_, _, loki), (_, _, vl), (_, _, es) = calls
-    assert loki == {"url": "http://l", "time_range": rng, "limit": 5}
-    assert es == {"url": None, "time_range": rng, "namespace": "ns"}
-    assert set(vl) == {"url", "time_range", "parallel"}
+    assert loki == {"url": "http://l", "time_range": rng, "limit": 5}  # Loki always reads every event
+    assert es == {"url": None, "time_range": rng, "namespace": "ns", "whole": True}
+    assert set(vl) == {"url", "time_range", "parallel", "whole"} and vl["whole"] is False  # the server aggregates
     week = vl["time_range"]  # no range given: the last seven days
     assert isinstance(week, TimeRange) and abs((week.end_ns - week.start_ns) - 7 * 86400 * 10**9) < 10**9
 
@@ -62,3 +62,49 @@ def test_reading_the_embedded_store_imports_no_server_loader(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_events_wrapped_in_server_lines_are_parsed_counted_and_filtered(tmp_path):
+    """VictoriaLogs' ``{"_msg": "<event>"}`` lines: DuckDB parses them; other jobs' and junk lines are counted."""
+    import json
+
+    from queries._store import ReadStats, load_wrapped_events
+
+    event = {"ts": 5, "kind": "span", "job": "j", "rank": 1, "attrs": {"seq": 3}, "dur": 7, "step": 2, "name": "x"}
+    lines = [{"_msg": json.dumps(event)}, {"_msg": json.dumps(event | {"job": "other"})},
+             {"_msg": json.dumps({"kind": "log", "job": "j"})},  # no time: not a valid event
+             {"_msg": "plain text, not an event"}, {"_msg": json.dumps([1, 2])}]
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + "garbage\n")
+    job, unparsed = load_wrapped_events("j", [str(path)], "_msg", "here", ReadStats())
+    assert job.con.execute("SELECT ts, kind, rank, step, dur, attrs->>'seq' FROM events").fetchall() == [
+        (5, "span", 1, 2, 7, "3")]
+    assert unparsed == 3  # the text, the list and the line that is not JSON
+    assert job.stats.lines == 6 and job.stats.events == 1
+    assert job.stats.skipped == {"not a jobtrace event of this job": 1, "not a valid event": 1}
+    empty, none = load_wrapped_events("j", [], "_msg", "here", ReadStats())
+    assert none == 0 and empty.con.execute("SELECT count(*) FROM events").fetchone() == (0,)
+
+
+def test_progress_is_drawn_on_a_terminal_only_and_cleared():
+    import io
+
+    from queries._reading import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    for stream in (tty, pipe):
+        progress = Progress("reading from X", 3, after_s=0.0, stream=stream)
+        progress.step(2**20)
+        progress.step(2**20)
+        progress.close()
+    assert "\rreading from X: 2/3 queries, 2.0 MiB" in tty.getvalue() and tty.getvalue().endswith("\r")
+    assert pipe.getvalue() == ""  # a pipe or a CI log never gets carriage returns
+    quiet = Terminal()
+    progress = Progress("reading from X", 3, after_s=3600.0, stream=quiet)
+    progress.step()
+    progress.close()
+    assert quiet.getvalue() == ""  # a quick read stays silent
