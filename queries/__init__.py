@@ -30,6 +30,7 @@ from ._live import Alert, LiveConfig, LiveState
 from ._outside import add_outside_evidence, classify_kernel_line, kernel_evidence, read_kernel_log, slurm_evidence
 from ._perfetto import write_perfetto
 from ._render import format_json, print_report
+from ._server_jobs import SERVER_JOB_BACKENDS, list_server_jobs
 from ._store import JobData, ReadStats, list_local_jobs, load_events, load_local
 from ._tail import TAIL_BACKENDS, ElasticsearchTail, LocalTail, LokiTail, Tail, VictoriaLogsTail, open_tail
 from ._timeline import timeline_data, write_timeline_html
@@ -56,6 +57,7 @@ __all__ = [
     "RankSummary",
     "ReadStats",
     "Report",
+    "SERVER_JOB_BACKENDS",
     "SearchLibrary",
     "TAIL_BACKENDS",
     "Tail",
@@ -81,6 +83,7 @@ __all__ = [
     "leave_one_out",
     "list_golden",
     "list_local_jobs",
+    "list_server_jobs",
     "load_events",
     "load_flight_recorder",
     "load_golden",

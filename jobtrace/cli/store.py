@@ -21,10 +21,18 @@ JOBS_SCHEMA_VERSION: Final = 1
 or removed, or its meaning changes; new keys do not raise it."""
 
 JOB_STATES: Final = ("running", "finished", "failed", "hung", "unknown")
-"""What ``jobtrace jobs`` says of a job (see :func:`job_state`)."""
+"""What ``jobtrace jobs`` says of a job of the embedded store (see :func:`job_state`)."""
 
-__all__ = ["JOBS_SCHEMA_VERSION", "JOB_STATES", "archive", "export", "format_jobs_table", "job_row", "job_state",
-           "jobs", "prune_command", "replay"]
+SERVER_JOB_STATES: Final = ("running", "ended")
+"""What ``jobtrace jobs --backend <server>`` says of a job: running while its last event is more recent than
+trace-job's stall threshold, ended otherwise (a server is asked one aggregation, not for the verdict)."""
+
+LIST_FROM: Final = ("local", "loki", "victorialogs", "elasticsearch")
+"""Where ``jobtrace jobs`` lists jobs: the embedded store, or a server (``queries.SERVER_JOB_BACKENDS``, spelled
+here so that reading the options imports no reader; a test holds the two equal)."""
+
+__all__ = ["JOBS_SCHEMA_VERSION", "JOB_STATES", "LIST_FROM", "SERVER_JOB_STATES", "archive", "export",
+           "format_jobs_table", "job_row", "job_state", "jobs", "prune_command", "replay"]
 
 
 @click.command(cls=Command)
@@ -187,7 +195,8 @@ def job_row(data_dir: str, job_id: str, now_ns: int) -> dict[str, Any]:
 def format_jobs_table(rows: list[dict[str, Any]]) -> str:
     """The jobs as an aligned text table: job, state, ranks, steps, first and last event (UTC), why.
 
-    Plain text, no colour and no truncation, so it reads the same in a terminal and in a CI log.
+    A count a row lacks (a job that could not be read; ranks and steps on Loki) shows as ``-``. Plain
+    text, no colour and no truncation, so it reads the same in a terminal and in a CI log.
     """
     header = ("JOB", "STATE", "RANKS", "STEPS", "FIRST (UTC)", "LAST (UTC)", "WHY")
 
@@ -195,7 +204,10 @@ def format_jobs_table(rows: list[dict[str, Any]]) -> str:
         iso = _iso(ns)
         return iso[:19].replace("T", " ") if iso else "-"
 
-    body = [(r["job_id"], r["state"], str(r.get("ranks", "-")), str(r.get("steps", "-")), when(r.get("first_ns")),
+    def count(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    body = [(r["job_id"], r["state"], count(r.get("ranks")), count(r.get("steps")), when(r.get("first_ns")),
              when(r.get("last_ns")), r.get("reason") or "") for r in rows]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header) - 1)]
     right = {2, 3}
@@ -207,26 +219,42 @@ def format_jobs_table(rows: list[dict[str, Any]]) -> str:
 
 
 @click.command(cls=Command)
-@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True)
+@backend_option(LIST_FROM, default="local",
+                help="Where the jobs are: the embedded store, or a server, asked with one aggregation (its URL and "
+                     "credentials as trace-job's: JOBTRACE_LOKI_URL / JOBTRACE_VL_URL / JOBTRACE_ES_URL).")
+@click.option("--url", default=None, help="The server's URL (default: the backend's JOBTRACE_*_URL).")
+@click.option("--since", default=None, help="Servers: jobs with events after this: 90m, 7d, RFC 3339 (default 7d).")
+@click.option("--until", default=None, help="Servers: and before this (default now).")
+@click.option("--data-dir", envvar=config.DATA_DIR, default="jobtrace-data", show_default=True,
+              help="Embedded store directory (local backend).")
 @click.option("--format", "fmt", type=click.Choice(["auto", "table", "names", "json"]), default="auto",
               show_default=True, help="auto: the table on a terminal, the names alone when piped (as ls does, so "
               "`for j in $(jobtrace jobs)` keeps working).")
 @click.option("--json", "as_json", is_flag=True, help="The same as --format json (its schema: "
               "docs/schema/jobs.schema.json).")
-def jobs(data_dir: str, fmt: str, as_json: bool) -> None:
-    """List the jobs in the embedded store: state, ranks, steps, first and last event.
+def jobs(backend: str, url: str | None, since: str | None, until: str | None, data_dir: str, fmt: str,
+         as_json: bool) -> None:
+    """List the jobs in the embedded store, or on a server: state, ranks, steps, first and last event.
 
-    The state (running, finished, failed, hung) is trace-job's verdict on each job: failed when
-    a rank's log reports a failure, hung when a rank stopped progressing, running while its files
-    are still being written, finished otherwise.
+    The embedded store's state (running, finished, failed, hung) is trace-job's verdict on each job:
+    failed when a rank's log reports a failure, hung when a rank stopped progressing, running while
+    its files are still being written, finished otherwise.
+
+    A server (--backend victorialogs, elasticsearch, loki) is asked ONE aggregation, never for the
+    jobs' events, so the state is only running (an event within trace-job's 5-minute stall
+    threshold) or ended: `trace-job JOB --backend …` gives the verdict. Loki gives no ranks or
+    steps ("-"), and first and last to its bucket's length.
 
     \b
     Examples:
       jobtrace jobs
       jobtrace jobs --json | jq -r '.jobs[] | select(.state == "hung") | .job_id'
       jobtrace jobs --format names --data-dir /scratch/jobtrace
+      jobtrace jobs --backend victorialogs --url http://vl:9428 --since 2d
+      jobtrace jobs --backend elasticsearch --format table
 
-    Exit status: 0 listed, 2 usage error, 3 error (store unreadable), 4 internal error (rerun with --debug).
+    Exit status: 0 listed, 2 usage error, 3 error (store unreadable, server unreachable or refusing),
+    4 internal error (rerun with --debug).
     """
     import sys
     import time
@@ -237,6 +265,9 @@ def jobs(data_dir: str, fmt: str, as_json: bool) -> None:
         fmt = "json"
     if fmt == "auto":
         fmt = "table" if sys.stdout.isatty() else "names"
+    if backend != "local":
+        _server_jobs(backend, url, since, until, fmt)
+        return
     names = list_local_jobs(data_dir)
     if fmt == "names":
         for job in names:
@@ -253,6 +284,34 @@ def jobs(data_dir: str, fmt: str, as_json: bool) -> None:
         click.echo(format_jobs_table(rows))
     else:
         click.echo(f"no jobs in {data_dir}", err=True)
+
+
+def _server_jobs(backend: str, url: str | None, since: str | None, until: str | None, fmt: str) -> None:
+    """``jobs --backend <server>``: one aggregation on the server (:func:`queries.list_server_jobs`), printed."""
+    from jobtrace.errors import ConfigError
+    from jobtrace.redact import url_for_display
+    from queries import TimeRange, list_server_jobs
+
+    try:
+        rng = TimeRange.parse(since, until)
+    except ConfigError as exc:  # a bad --since/--until is the option's fault: a usage error
+        raise click.BadParameter(str(exc), param_hint="'--since' / '--until'") from None
+    rows = list_server_jobs(backend, url=url, time_range=rng)
+    if fmt == "names":
+        for row in rows:
+            click.echo(row["job_id"])
+    elif fmt == "json":
+        import orjson
+
+        doc = {"schema_version": JOBS_SCHEMA_VERSION, "backend": backend, "url": url_for_display(url) if url else None,
+               "since_ns": rng.start_ns, "until_ns": rng.end_ns, "since": _iso(rng.start_ns), "until": _iso(rng.end_ns),
+               "jobs": rows}
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    elif rows:
+        click.echo(format_jobs_table(rows))
+    else:
+        click.echo(f"no jobs on {backend} between {_iso(rng.start_ns)} and {_iso(rng.end_ns)} (widen with --since)",
+                   err=True)
 
 
 @click.command(name="prune", cls=Command)
