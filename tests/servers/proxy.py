@@ -13,7 +13,12 @@ current mode. Modes:
   (e.g. 429 + ``Retry-After: 1``, 500, 400 with a body).
 
 ``count=K`` applies the mode to the next K requests, then goes back to pass-through;
-``count=None`` keeps it until changed. If the upstream is down the proxy answers 502.
+``count=None`` keeps it until changed. ``drop``, ``delay`` and ``respond`` also take
+``after=N``: the next N requests still pass through untouched, and the mode starts with
+the one after them, so a fault can land in the middle of a client's sequence of requests
+(``respond(429, headers={"Retry-After": "1"}, count=2, after=3)``: requests 1-3 pass,
+4-5 get 429, then pass-through again); ``after=0`` (the default) starts at once. If the
+upstream is down the proxy answers 502.
 Bounded: at most ``max_connections`` client connections, request bodies up to 64 MiB,
 idle connections closed after 30 s, and the proxy stops by itself after ``lifetime``
 seconds (daemon threads, so it can never hold the interpreter open).
@@ -53,6 +58,7 @@ class Mode:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     remaining: int | None = None  # None: until changed
+    skip: int = 0  # requests still to pass through before this mode starts (``after=``)
 
 
 @dataclass
@@ -185,6 +191,12 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = _handle
 
 
+def _after(n: int) -> int:
+    if n < 0:
+        raise ValueError(f"after must be >= 0, not {n}")
+    return n
+
+
 class FaultProxy:
     """Loopback HTTP proxy in front of ``upstream`` (a server object or ``(host, port)``)."""
 
@@ -251,19 +263,20 @@ class FaultProxy:
         """Not listening at all: connects fail with ECONNREFUSED; open connections are cut."""
         self._set(Mode(kind="refuse"))
 
-    def drop(self, count: int | None = None) -> None:
+    def drop(self, count: int | None = None, after: int = 0) -> None:
         """Accept and read the request, then close the connection without an answer."""
-        self._set(Mode(kind="drop", remaining=count))
+        self._set(Mode(kind="drop", remaining=count, skip=_after(after)))
 
-    def delay(self, seconds: float, count: int | None = None) -> None:
-        self._set(Mode(kind="delay", delay=seconds, remaining=count))
+    def delay(self, seconds: float, count: int | None = None, after: int = 0) -> None:
+        self._set(Mode(kind="delay", delay=seconds, remaining=count, skip=_after(after)))
 
     def respond(self, status: int, body: bytes | str = b"", headers: dict[str, str] | None = None,
-                count: int | None = None) -> None:
-        """Answer ``status`` without forwarding, e.g. ``respond(429, headers={"Retry-After": "1"}, count=2)``."""
+                count: int | None = None, after: int = 0) -> None:
+        """Answer ``status`` without forwarding, e.g. ``respond(429, headers={"Retry-After": "1"}, count=2)``;
+        with ``after=N`` only from the (N+1)th request on (the first N pass through)."""
         data = body.encode() if isinstance(body, str) else body
         self._set(Mode(kind="respond", status=status, body=data, headers=dict(headers or {}),
-                       remaining=count))
+                       remaining=count, skip=_after(after)))
 
     @property
     def mode(self) -> str:
@@ -285,9 +298,12 @@ class FaultProxy:
             self._listen()
 
     def _take(self) -> Mode:
-        """The mode for this request; counts down ``count`` and reverts to pass-through."""
+        """The mode for this request; counts down ``after``, then ``count``, and reverts to pass-through."""
         with self._lock:
             mode = self._mode
+            if mode.skip > 0:  # not started yet: this request passes
+                mode.skip -= 1
+                return Mode()
             if mode.remaining is not None:
                 mode.remaining -= 1
                 if mode.remaining <= 0:
