@@ -1,8 +1,8 @@
-"""``trace-job`` on the real servers at scale: today's pull-everything path beside the embedded store (issue 26).
+"""``trace-job`` on the real servers at scale: each way of reading a server beside the embedded store (issue 26).
 
     python benchmarks/bench_server_trace.py                          # 64 and 256 ranks x 1,000 steps, both servers
     python benchmarks/bench_server_trace.py --ranks 64 --steps 200   # a quick sizing run
-    python benchmarks/bench_server_trace.py --huge                   # adds 1,024 ranks x 1,000 steps
+    python benchmarks/bench_server_trace.py --huge --skip "1024:victorialogs (before)"  # adds 1,024 ranks
     python benchmarks/bench_server_trace.py --backends victorialogs --json out.json
 
 For each size a synthetic job (:class:`jobtrace.synth.SynthJob`: one rank slow by 1.6x, NaN
@@ -10,8 +10,11 @@ loss over the last tenth of the steps; nine events per rank and step) is written
 embedded store, then sent with ``jobtrace export``'s own code (:func:`shippers.export_job`)
 to the real VictoriaLogs (Loki push) and OpenSearch (``_bulk``) that the tests start
 (``tests.servers``, built once into ``~/.cache/jobtrace-servers``). Then ``trace-job --json``
-runs, each time in a fresh Python process, on ``--backend local``, ``victorialogs`` and
-``elasticsearch``, and this prints for each:
+runs, each time in a fresh Python process, on ``--backend local`` and on each server in each
+way it can be read (:data:`VARIANTS`): as a user runs it today, the other path it has
+(VictoriaLogs summing on the server, ``JOBTRACE_VL_AGGREGATE``; OpenSearch's whole pull), and
+VictoriaLogs' reader as it was before the servers summed (every event parsed in Python), the
+baseline. This prints for each:
 
 * **time**: the child process's wall time, as a user waits for it (interpreter start
   included), and of that the ``load_job`` part (reading the events into DuckDB);
@@ -72,8 +75,23 @@ sys.path.insert(0, {root!r})
 import queries
 phases = {{}}
 _load = queries.load_job
+def before(backend, job_id, *, url, time_range, **_):
+    # VictoriaLogs as trace-job read it before 2026-12-07: every event parsed in Python, staged, parsed again
+    from queries._victorialogs import VictoriaLogsReader, _only_job
+    from queries._store import ReadStats, load_events
+    from jobtrace.http import HttpConfig, RequestsTransport
+    from loki import job_label, logsql_quote
+    reader = VictoriaLogsReader(url, RequestsTransport(HttpConfig(url)))
+    stats = ReadStats()
+    selector = "{{" + job_label() + "=" + logsql_quote(job_id) + "}}"
+    events = _only_job(job_id, reader.fetch(selector, time_range.start_ns, time_range.end_ns, stats), stats)
+    return load_events(job_id, events, "victorialogs:" + url, stats)
 def timed_load(*a, **k):
-    t = time.perf_counter(); job = _load(*a, **k); phases["load_s"] = time.perf_counter() - t
+    variant = {variant!r}
+    t = time.perf_counter()
+    job = before(*a, **k) if variant == "before" else _load(*a, **(k | variant))
+    phases["load_s"] = time.perf_counter() - t
+    phases["fetched_events"] = job.stats.fetched_events
     phases["events"] = job.stats.events; return job
 queries.load_job = timed_load
 from jobtrace.cli.trace import trace_job
@@ -157,8 +175,23 @@ def ship(backend: str, server: Any, data: Path, job_id: str) -> dict[str, Any]:
     return {"seconds": round(seconds, 2), "events_per_s": round(summary.sent / seconds), "sent": summary.sent}
 
 
-def trace(backend: str, server: Any, data: Path, job_id: str, work: Path) -> dict[str, Any]:
-    """``trace-job JOB --json`` on ``backend`` in a fresh process: figures, plus the report's verdicts."""
+VARIANTS: dict[str, dict[str, Any]] = {
+    # name shown: (backend, load_job options, or "before" for the old VictoriaLogs reader)
+    "victorialogs": {"backend": "victorialogs", "options": {}},
+    "victorialogs (server sums)": {"backend": "victorialogs", "options": {"aggregate": True}},
+    "victorialogs (before)": {"backend": "victorialogs", "options": "before"},
+    "elasticsearch": {"backend": "elasticsearch", "options": {}},
+    "elasticsearch (whole)": {"backend": "elasticsearch", "options": {"whole": True}},
+}
+"""Each way a backend is read: today's default, the other path it has, and the reader before this change."""
+
+
+def trace(backend: str, server: Any, data: Path, job_id: str, work: Path, variant: str | None = None) -> dict[str, Any]:
+    """``trace-job JOB --json`` on ``backend`` in a fresh process: figures, plus the report's verdicts.
+
+    ``variant``: a name in :data:`VARIANTS` (how ``load_job`` is called); default: as a user runs it.
+    """
+    options = VARIANTS[variant]["options"] if variant else {}
     from jobtrace.synth import SynthJob
     from tests.conftest import python_env
 
@@ -170,7 +203,7 @@ def trace(backend: str, server: Any, data: Path, job_id: str, work: Path) -> dic
         args += ["--url", server.url, "--since", str(t0_s - 60), "--until", str(t0_s + 86_400)]
     out = work / f"child-{backend}-{job_id}.json"
     out.unlink(missing_ok=True)
-    code = CHILD.format(root=str(ROOT), args=args, out=str(out))
+    code = CHILD.format(root=str(ROOT), args=args, out=str(out), variant=options)
     pid = server.proc.pid if server is not None else None
     idle = settle(pid) if pid else 0.0
     cpu0 = server_cpu(pid) if pid else 0.0
@@ -185,7 +218,8 @@ def trace(backend: str, server: Any, data: Path, job_id: str, work: Path) -> dic
     figures = json.loads(out.read_text())
     report = json.loads(proc.stdout)
     verdicts = sorted((f["kind"], f["ranks"]) for f in report["findings"] if f["severity"] in ("error", "warning"))
-    row = {"backend": backend, "wall_s": round(wall, 2), **figures, "events_reported": report.get("events"),
+    row = {"backend": variant or backend, "wall_s": round(wall, 2), **figures,
+           "events_reported": report.get("events"),
            "verdicts": verdicts}
     if pid:
         import psutil
@@ -200,14 +234,15 @@ def show(row: dict[str, Any], local: dict[str, Any] | None) -> None:
                                     else f"DIFFERENT verdicts: {row['verdicts']}")
     server = (f"  server cpu {row['server_cpu_s']:6.1f}s (idle {row['server_idle_cpu_per_s']:.2f}/s, "
               f"rss {row['server_rss_mib']} MiB)" if "server_cpu_s" in row else "")
-    print(f"  {row['backend']:13s} {row['wall_s']:7.1f}s (load {row.get('load_s', 0):6.1f}s)  "
+    fetched = f", {row['fetched_events']:,} fetched" if row.get("fetched_events") is not None else ""
+    print(f"  {row['backend']:21s} {row['wall_s']:7.1f}s (load {row.get('load_s', 0):6.1f}s)  "
           f"rx {row['rx'] / 2**20:8.1f} MiB  tx {row['tx'] / 2**10:7.0f} KiB  {row['requests']:5d} req  "
-          f"peak {row['peak_mib']:6.0f} MiB  cpu {row['cpu_s']:6.1f}s{server}  {row['events_reported']:,} events  "
+          f"peak {row['peak_mib']:6.0f} MiB  cpu {row['cpu_s']:6.1f}s{server}  {row['events_reported']:,} events{fetched}  "
           f"{same}", flush=True)
 
 
 def bench_size(ranks: int, steps: int, backends: list[str], servers: dict[str, Any], work: Path,
-               repeat: int) -> dict[str, Any]:
+               repeat: int, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     data = work / "data"
     print(f"\n{ranks} ranks x {steps} steps", flush=True)
     job_id, events, size = synth_job(data, ranks, steps)
@@ -220,8 +255,10 @@ def bench_size(ranks: int, steps: int, backends: list[str], servers: dict[str, A
               flush=True)
     local = None
     for r in range(repeat):
-        for backend in ["local", *backends]:
-            row = trace(backend, servers.get(backend), data, job_id, work) | {"round": r + 1}
+        runs = [("local", None)] + [(v["backend"], name) for name, v in VARIANTS.items()
+                                    if v["backend"] in backends and name not in skip]
+        for backend, variant in runs:
+            row = trace(backend, servers.get(backend), data, job_id, work, variant) | {"round": r + 1}
             local = row if backend == "local" and local is None else local
             show(row, None if backend == "local" else local)
             result["trace"].append(row)
@@ -276,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "jobtrace-bench-server-trace",
                     help="where the synthetic jobs are kept between runs")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--skip", nargs="*", default=[], metavar="RANKS:VARIANT",
+                    help="skip a way of reading at a size, e.g. '1024:victorialogs (before)' (at 1,024 ranks the old "
+                         "reader takes minutes and ~13 GiB of client memory); variants: " + ", ".join(VARIANTS))
     ap.add_argument("--min-free-gib", type=float, default=1.5, help="stop before a size when the disk has less free")
     args = ap.parse_args(argv)
     for var in [v for v in os.environ if v.startswith("JOBTRACE_") and v != "JOBTRACE_SERVERS_CACHE"]:
@@ -294,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stopping before {n} ranks: {free / 2**30:.1f} GiB free on {args.dir} (--min-free-gib "
                       f"{args.min_free_gib})", flush=True)
                 break
-            out["sizes"].append(bench_size(n, args.steps, args.backends, servers, args.dir, args.repeat))
+            out["sizes"].append(bench_size(n, args.steps, args.backends, servers, args.dir, args.repeat,
+                                           skip=tuple(v for k, _, v in (x.partition(":") for x in args.skip)
+                                                      if k == str(n))))
             if "elasticsearch" in servers:  # the node's copy is the biggest: drop it before the next size
                 import requests
 
