@@ -58,10 +58,9 @@ from kibana import (
     validate_namespace,
 )
 
-from ._reading import TimeRange
+from ._reading import TimeRange, rank_slices
 from ._server_tables import Staging, load_aggregated
 from ._store import JobData, ReadStats, load_events
-from ._victorialogs import _rank_slices
 
 __all__ = ["iter_job_documents", "load_elasticsearch"]
 
@@ -623,7 +622,7 @@ def aggregate_elasticsearch(tier: _Tier, staging: Staging) -> tuple[list[dict[st
     if not total:
         return [], 0, 0
     slices: list[dict[str, Any]] = [{"range": {"jobtrace.rank": {"gte": lo, "lt": hi}}}
-                                    for lo, hi in _rank_slices(counts, 2_000_000, tier.parallel)]
+                                    for lo, hi in rank_slices(counts, 2_000_000, tier.parallel)]
     if unranked:
         slices.append({"bool": {"must_not": [{"exists": {"field": "jobtrace.rank"}}]}})
     relations: dict[str, Callable[[dict[str, Any]], Iterator[dict[str, Any]]]] = {

@@ -22,7 +22,7 @@ from jobtrace.redact import url_for_display
 if TYPE_CHECKING:
     from jobtrace.http import Request, Response, Transport
 
-__all__ = ["Progress", "TimeRange", "busy_windows", "even_windows", "parse_time", "read_request"]
+__all__ = ["Progress", "TimeRange", "busy_windows", "even_windows", "parse_time", "rank_slices", "read_request"]
 
 _REL = re.compile(r"^\d+(?:\.\d+)?[smhdw]$")
 
@@ -164,3 +164,25 @@ class Progress:
                 self._stream.write("\r" + " " * len(self.line()) + "\r")
                 self._stream.flush()
                 self._drawn = False
+
+
+def rank_slices(counts: dict[int, int], max_events: int, at_least: int) -> list[tuple[int, int]]:
+    """Contiguous ``[lo, hi)`` rank ranges of at most ``max_events`` events each (at least ``at_least`` of them).
+
+    A server reader sends one query per slice, so no per-rank group straddles two answers and the
+    slices can run side by side.
+    """
+    ranks = sorted(counts)
+    if not ranks:
+        return []
+    total = sum(counts.values())
+    size = max(1, min(max_events, -(-total // max(1, at_least))))
+    out: list[tuple[int, int]] = []
+    lo, acc = ranks[0], 0
+    for r in ranks:
+        if acc and acc + counts[r] > size:
+            out.append((lo, r))
+            lo, acc = r, 0
+        acc += counts[r]
+    out.append((lo, ranks[-1] + 1))
+    return out

@@ -241,35 +241,41 @@ def load_events(job_id: str, events: Iterable[Mapping[str, Any]], source: str, s
     return JobData(job_id, con, stats, source)
 
 
-def load_wrapped_events(job_id: str, files: list[str], field: str, source: str, stats: ReadStats) -> tuple[JobData, int]:
+def load_wrapped_events(job_id: str, files: list[str], field: str, source: str, stats: ReadStats,
+                        lines: int | None = None) -> tuple[JobData, int]:
     """Load events whose canonical JSON is the text of ``field`` in each line of ``files`` (VictoriaLogs'
     ``_msg``), parsed by DuckDB: Python never holds one of them, so a million events cost seconds and
     little memory. Returns the job and the number of lines whose ``field`` held no event at all (a
     server that parsed the messages itself: the caller rebuilds those from the fields).
 
-    Lines of another job are dropped and counted, as are events without a kind or a time.
+    Lines of another job are dropped and counted, as are events without a kind or a time. ``lines``
+    (how many the files hold, where the caller counted them) spares a scan: only when some line did
+    not become an event are the files read again, to say why.
     """
     con = _connect()
-    structure = orjson.dumps(dict(COLUMNS)).decode()
+    structure = literal(orjson.dumps(dict(COLUMNS)).decode())
     if files:
-        scan = (f"read_json({literal_list(files)}, format='newline_delimited', columns={{{literal(field)}: 'VARCHAR'}}, "
-                "ignore_errors=true, maximum_object_size=16777216)")
-        con.execute(f"""CREATE TEMP TABLE wrapped AS
-            SELECT CASE WHEN json_valid(m) AND json_type(m) = 'OBJECT' THEN json_transform(m, {literal(structure)}) END AS e
-            FROM (SELECT "{field}" AS m FROM {scan})""")
+        scan = (f"(SELECT \"{field}\" AS m FROM read_json({literal_list(files)}, format='newline_delimited', "
+                f"columns={{{literal(field)}: 'VARCHAR'}}, ignore_errors=true, maximum_object_size=16777216))")
     else:
-        con.execute(f"CREATE TEMP TABLE wrapped AS SELECT json_transform('{{}}', {literal(structure)}) AS e WHERE false")
-    lines, unparsed, other = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE e IS NULL OR e.kind IS NULL), "
-        "count(*) FILTER (WHERE e.kind IS NOT NULL AND e.job IS DISTINCT FROM ?) FROM wrapped", [job_id]).fetchone()  # type: ignore[misc]
-    con.execute("CREATE TABLE events AS SELECT e.* FROM wrapped WHERE e.kind IS NOT NULL AND e.ts IS NOT NULL "
-                "AND e.job = ?", [job_id])
-    con.execute("DROP TABLE wrapped")
-    stats.lines += lines
+        scan = "(SELECT NULL::VARCHAR AS m WHERE false)"
+    parsed = f"CASE WHEN json_valid(m) AND json_type(m) = 'OBJECT' THEN json_transform(m, {structure}) END"
+    con.execute(f"CREATE TABLE events AS SELECT e.* FROM (SELECT {parsed} AS e FROM {scan}) "
+                "WHERE e.kind IS NOT NULL AND e.ts IS NOT NULL AND e.job = ?", [job_id])
     stats.events = con.execute("SELECT count(*) FROM events").fetchone()[0]  # type: ignore[index]
-    if other:
-        stats.skipped["not a jobtrace event of this job"] = stats.skipped.get("not a jobtrace event of this job", 0) + other
-    invalid = lines - unparsed - other - stats.events
-    if invalid > 0:
-        stats.skipped["not a valid event"] = stats.skipped.get("not a valid event", 0) + invalid
+    if lines is None:
+        lines = con.execute(f"SELECT count(*) FROM {scan}").fetchone()[0]  # type: ignore[index]
+    stats.lines += lines
+    unparsed = 0
+    if lines != stats.events:
+        unparsed, other = con.execute(
+            f"SELECT count(*) FILTER (WHERE e IS NULL OR e.kind IS NULL), "
+            f"count(*) FILTER (WHERE e.kind IS NOT NULL AND e.job IS DISTINCT FROM ?) "
+            f"FROM (SELECT {parsed} AS e FROM {scan})", [job_id]).fetchone()  # type: ignore[misc]
+        if other:
+            stats.skipped["not a jobtrace event of this job"] = (
+                stats.skipped.get("not a jobtrace event of this job", 0) + other)
+        invalid = lines - unparsed - other - stats.events
+        if invalid > 0:
+            stats.skipped["not a valid event"] = stats.skipped.get("not a valid event", 0) + invalid
     return JobData(job_id, con, stats, source), unparsed

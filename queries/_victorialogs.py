@@ -40,7 +40,7 @@ from jobtrace.redact import url_for_display
 from jobtrace.store import METRICS
 from loki import job_label, logsql_quote
 
-from ._reading import Progress, TimeRange, busy_windows, read_request
+from ._reading import Progress, TimeRange, busy_windows, rank_slices, read_request
 from ._server_tables import Staging, with_aggregates
 from ._store import COLUMNS, JobData, ReadStats, load_events, load_wrapped_events
 
@@ -109,7 +109,8 @@ class VictoriaLogsReader:
         response = read_request(self.transport, Request("POST", f"{self.base}/select/logsql/query", body, self.headers),
                                 timeout_s=self.timeout_s, retries=self.retries, backend="VictoriaLogs", base=self.base,
                                 credentials_hint="JOBTRACE_VL_USERNAME/_PASSWORD/_TOKEN", on_attempt=self._count_request)
-        return response.body, response.body.count(b"\n")
+        body = response.body
+        return body, body.count(b"\n") + (1 if body and not body.endswith(b"\n") else 0)
 
     def _count_request(self) -> None:
         self.requests += 1
@@ -226,24 +227,6 @@ _RAW = (
 )
 
 
-def _rank_slices(counts: dict[int, int], max_events: int, at_least: int) -> list[tuple[int, int]]:
-    """Contiguous ``[lo, hi)`` rank ranges of at most ``max_events`` events each (at least ``at_least`` of them)."""
-    ranks = sorted(counts)
-    if not ranks:
-        return []
-    total = sum(counts.values())
-    size = max(1, min(max_events, -(-total // max(1, at_least))))
-    out: list[tuple[int, int]] = []
-    lo, acc = ranks[0], 0
-    for r in ranks:
-        if acc and acc + counts[r] > size:
-            out.append((lo, r))
-            lo, acc = r, 0
-        acc += counts[r]
-    out.append((lo, ranks[-1] + 1))
-    return out
-
-
 def aggregate_victorialogs(reader: VictoriaLogsReader, selector: str, start_ns: int, end_ns: int,
                            staging: Staging) -> tuple[int, int]:
     """Stage the job's per rank × step rows and the events read whole; return ``(events in the job, collectives)``."""
@@ -255,7 +238,7 @@ def aggregate_victorialogs(reader: VictoriaLogsReader, selector: str, start_ns: 
         except (TypeError, ValueError, KeyError):
             unranked += int(row.get("n") or 0)
     total = sum(counts.values()) + unranked
-    slices = [f"rank:range[{lo}, {hi})" for lo, hi in _rank_slices(counts, reader.window_lines * 10, reader.parallel)]
+    slices = [f"rank:range[{lo}, {hi})" for lo, hi in rank_slices(counts, reader.window_lines * 10, reader.parallel)]
     if unranked:
         slices.append('rank:""')
     kinds = {"step_rows": ('kind:=span step:*', _STEP_ROWS), "coll_rows": ("kind:=span", _COLL_ROWS),
@@ -370,7 +353,8 @@ def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRa
             staging.close()
             staging = Staging()
             reader.stage(selector, time_range.start_ns, time_range.end_ns, staging)
-        job, unparsed = load_wrapped_events(job_id, staging.files("events"), "_msg", source, stats)
+        job, unparsed = load_wrapped_events(job_id, staging.files("events"), "_msg", source, stats,
+                                              staging.rows["events"])
         if unparsed:
             # Lines stored with message parsing on (not by jobtrace's shipper): every event, read the slow way,
             # where a window of such lines is rebuilt from its fields.

@@ -82,6 +82,10 @@ def test_events_wrapped_in_server_lines_are_parsed_counted_and_filtered(tmp_path
     assert unparsed == 3  # the text, the list and the line that is not JSON
     assert job.stats.lines == 6 and job.stats.events == 1
     assert job.stats.skipped == {"not a jobtrace event of this job": 1, "not a valid event": 1}
+    good = tmp_path / "b.jsonl"
+    good.write_text(json.dumps(lines[0]) + "\n")
+    job, unparsed = load_wrapped_events("j", [str(good)], "_msg", "here", ReadStats(), lines=1)  # counted by the caller
+    assert (unparsed, job.stats.lines, job.stats.events, job.stats.skipped) == (0, 1, 1, {})
     empty, none = load_wrapped_events("j", [], "_msg", "here", ReadStats())
     assert none == 0 and empty.con.execute("SELECT count(*) FROM events").fetchone() == (0,)
 
@@ -108,3 +112,17 @@ def test_progress_is_drawn_on_a_terminal_only_and_cleared():
     progress.step()
     progress.close()
     assert quiet.getvalue() == ""  # a quick read stays silent
+
+
+def test_rank_slices_cover_every_rank_once_within_the_budget():
+    from queries._reading import rank_slices
+
+    counts = {r: 100 for r in range(64)} | {70: 5_000}  # a gap (64-69) and one huge rank
+    slices = rank_slices(counts, max_events=1_000, at_least=4)
+    assert slices[0][0] == 0 and slices[-1][1] == 71
+    assert all(a[1] == b[0] for a, b in zip(slices, slices[1:], strict=False))  # contiguous, no overlap
+    for lo, hi in slices:
+        inside = [n for r, n in counts.items() if lo <= r < hi]
+        assert sum(inside) <= 1_000 or len(inside) == 1  # only a rank alone may pass the budget
+    assert len(rank_slices({r: 10 for r in range(8)}, max_events=10**9, at_least=4)) == 4  # split for parallel reads
+    assert rank_slices({}, 1_000, 4) == []
