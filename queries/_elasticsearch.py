@@ -413,13 +413,18 @@ class _Tier:
         """Every matching document's ``_source``, paged through the shared point in time."""
         body: dict[str, Any] = {"size": self.page_size, "query": query, "sort": self.sort, "track_total_hits": False,
                                 "_source": source, "pit": {"id": self.pit, "keep_alive": KEEP_ALIVE}}
-        params = {"filter_path": "_shards.failed,_shards.failures,hits.hits._source,hits.hits.sort"}
+        for hits in self._paged(body, "hits.hits._source"):
+            yield from (h.get("_source") or {} for h in hits)
+
+    def _paged(self, body: dict[str, Any], returned: str) -> Iterator[list[dict[str, Any]]]:
+        """Each page of hits of a point-in-time search (``body``), ``returned`` being the hit part to send back."""
+        params = {"filter_path": f"_shards.failed,_shards.failures,{returned},hits.hits.sort"}
         while True:
             st, page = self.call("POST", "/_search", params=params, body=body)
             hits = (self._checked(st, page, f"searching job {self.job_id!r}").get("hits") or {}).get("hits") or []
             with self.lock:
                 self.stats.lines += len(hits)
-            yield from (h.get("_source") or {} for h in hits)
+            yield hits
             if len(hits) < self.page_size:
                 return
             body["search_after"] = hits[-1]["sort"]
@@ -436,17 +441,9 @@ class _Tier:
             "stored_fields": "_none_", "pit": {"id": self.pit, "keep_alive": KEEP_ALIVE},
             "docvalue_fields": [{"field": f, "format": "strict_date_optional_time_nanos"} if f in dates else f
                                 for f in fields]}
-        params = {"filter_path": "_shards.failed,_shards.failures,hits.hits.fields,hits.hits.sort"}
-        while True:
-            st, page = self.call("POST", "/_search", params=params, body=body)
-            hits = (self._checked(st, page, f"searching job {self.job_id!r}").get("hits") or {}).get("hits") or []
-            with self.lock:
-                self.stats.lines += len(hits)
+        for hits in self._paged(body, "hits.hits.fields"):
             for h in hits:
                 yield {k: v[0] for k, v in (h.get("fields") or {}).items() if v}
-            if len(hits) < self.page_size:
-                return
-            body["search_after"] = hits[-1]["sort"]
 
     # ---- the relations -------------------------------------------------------------------------------
     def counts(self) -> tuple[dict[int, int], int]:
