@@ -72,10 +72,14 @@ class JobData:
     ``events`` then holds only the events the checks read directly."""
     sources: dict[str, str] = field(default_factory=dict)
     """Per derived table, another relation than :attr:`derive_from` for its statement to read."""
+    appended: dict[str, str] = field(default_factory=dict)
+    """Per derived table, a relation of rows that ranks packed at exit (see :mod:`._packed`); ``events`` then
+    holds, for those ranks, only the events the checks read directly."""
 
     def build_tables(self) -> None:
         """(Re)create the derived tables every check reads (see :func:`jobtrace.store.build_tables`)."""
-        build_tables(self.con, self.derive_from, self.rollups, prebuilt=self.prebuilt, sources=self.sources)
+        build_tables(self.con, self.derive_from, self.rollups, prebuilt=self.prebuilt, sources=self.sources,
+                     appended=self.appended)
 
     def writable(self) -> None:
         """Turn ``events`` into a table (if it is a read-only view over Parquet) so events can be added.
@@ -83,7 +87,7 @@ class JobData:
         Added events may belong to any rank, so the ranks' rollups no longer tell the
         whole story: everything is derived from ``events`` from then on.
         """
-        if self.prebuilt:
+        if self.prebuilt or self.appended:
             raise QueryError("this job was read as a server's aggregates; read it whole to add events to it")
         self.derive_from, self.rollups = "events", {}
         kind = self.con.execute(

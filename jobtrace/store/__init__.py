@@ -9,6 +9,7 @@ know the other:
   rebuilt from a segment;
 * :mod:`._tables`: the derived tables' SQL (``colls``, ``steps``, ``mets``, ``ranks``)
   that rollups hold and every reader builds;
+* :mod:`._packs`: a rank's rollup as records for a log server (its *pack*), and back;
 * :mod:`._files`: which files stand for which rank;
 * :mod:`._ledger`: which source files an ingest read into the job, how far, and whether it finished;
 * :mod:`._prune`: raw-line retention (``jobtrace prune``): lines whose segment stands for them go;
@@ -36,6 +37,7 @@ from ._layout import (
     spool_root,
 )
 from ._ledger import LEDGER_NAME, Fingerprint, IngestLedger, SourceRecord, fingerprint, ingest_caveats
+from ._packs import PACK_KIND, PACK_TABLES, PART_BYTES, Packs, pack_lines, pack_records, unpack
 from ._prune import PruneReport, prune
 from ._segments import (
     compact,
@@ -59,6 +61,10 @@ __all__ = [
     "JobFiles",
     "LEDGER_NAME",
     "METRICS",
+    "PACK_KIND",
+    "PACK_TABLES",
+    "PART_BYTES",
+    "Packs",
     "PruneReport",
     "RANK_IN_NAME",
     "ROLLUP_KEY",
@@ -80,6 +86,8 @@ __all__ = [
     "literal_list",
     "newest_write_ns",
     "orphan_segments",
+    "pack_lines",
+    "pack_records",
     "process_file_name",
     "parse_s3_url",
     "prune",
@@ -90,4 +98,5 @@ __all__ = [
     "segment_for",
     "segment_lines",
     "spool_root",
+    "unpack",
 ]

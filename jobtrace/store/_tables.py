@@ -48,13 +48,16 @@ METRICS = (
 
 
 def build_tables(con: Any, source: str = "events", rollups: Mapping[str, Sequence[str]] | None = None, *,
-                 prebuilt: Mapping[str, str] | None = None, sources: Mapping[str, str] | None = None) -> None:
+                 prebuilt: Mapping[str, str] | None = None, sources: Mapping[str, str] | None = None,
+                 appended: Mapping[str, str] | None = None) -> None:
     """Create the derived tables from the ``source`` relation plus the rollup files given.
 
     ``prebuilt`` names, per table, a relation that already holds its rows (a log server aggregated
     them: see ``queries._server_tables``); it is copied instead of derived. ``sources`` gives one
-    table's statement another relation to read than ``source``. Copies, not the relations themselves,
-    because the checks may add rows (inferred collectives), and a second build must start afresh.
+    table's statement another relation to read than ``source``. ``appended`` names, per table, a
+    relation of rollup rows to add, like ``rollups`` (ranks' packs read from a log server, see
+    :mod:`._packs`). Copies, not the relations themselves, because the checks may add rows
+    (inferred collectives), and a second build must start afresh.
     """
     prebuilt, sources = prebuilt or {}, sources or {}
     for name in BUILD_ORDER:
@@ -65,6 +68,8 @@ def build_tables(con: Any, source: str = "events", rollups: Mapping[str, Sequenc
     for table, paths in (rollups or {}).items():
         if paths:
             con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet({literal_list(paths)})")
+    for table, relation in (appended or {}).items():
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {relation}")
 
 
 BUILD_ORDER: Final = ("colls", "step_spans", "phase_sums", "steps", "ranks", "mets", "scaling")
