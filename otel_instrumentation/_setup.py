@@ -42,6 +42,7 @@ from shippers import (
     ProcessInfo,
     RootSpan,
     Sink,
+    connect_packs,
     network_sinks_from_env,
 )
 
@@ -431,7 +432,10 @@ def _default_sinks(data_dir: str, settings: TracingSettings, strict: bool) -> Ca
         network += _otlp_sinks(ident, settings)
         if network and not settings.local_store:
             return network
-        return _local_sink(data_dir, ident, strict, settings.compact) + network
+        # The store sink first: it is closed first, and sends its rank's pack to the shippers still open.
+        sinks = _local_sink(data_dir, ident, strict, settings.compact) + network
+        connect_packs(sinks)
+        return sinks
 
     return build
 

@@ -43,7 +43,8 @@ from jobtrace import config
 from jobtrace.errors import ConfigError, QueryError
 from jobtrace.http import HttpConfig, Request, RequestsTransport, Transport
 from jobtrace.redact import url_for_display
-from loki import job_label
+from jobtrace.store import PACK_KIND
+from loki import job_label, logql_quote, logsql_quote
 
 from ._model import AnalysisConfig
 from ._reading import TimeRange, read_request
@@ -94,9 +95,11 @@ def _int(value: Any) -> int:
 
 # ---- VictoriaLogs ------------------------------------------------------------------------------------
 def victorialogs_query(label: str) -> str:
-    """The one LogsQL query: per job (stream label ``label``), first and last time, distinct ranks and steps, lines."""
-    return (f'{{{label}=~".+"}} | stats by ({label}) min(_time) t_first, max(_time) t_last, '
-            "count_uniq(rank) n_ranks, count_uniq(step) n_steps, count() n_events")
+    """The one LogsQL query: per job (stream label ``label``), first and last time, distinct ranks and steps, lines.
+
+    Events only: the ranks' packs (``kind="rollup"``, :mod:`jobtrace.store._packs`) are not events to count."""
+    return (f'{{{label}=~".+", kind!={logsql_quote(PACK_KIND)}}} | stats by ({label}) min(_time) t_first, '
+            "max(_time) t_last, count_uniq(rank) n_ranks, count_uniq(step) n_steps, count() n_events")
 
 
 def _victorialogs(url: str | None, time_range: TimeRange, transport: Transport | None,
@@ -212,8 +215,9 @@ def loki_step_s(time_range: TimeRange) -> int:
 
 
 def loki_query(label: str, step_s: int) -> str:
-    """The one LogQL metric query: lines per job (stream label ``label``) per bucket of ``step_s`` seconds."""
-    return f'sum by ({label}) (count_over_time({{{label}=~".+"}} [{step_s}s]))'
+    """The one LogQL metric query: lines per job (stream label ``label``) per bucket of ``step_s`` seconds
+    (events only, not the ranks' packs: ``kind!="rollup"``)."""
+    return f'sum by ({label}) (count_over_time({{{label}=~".+", kind!={logql_quote(PACK_KIND)}}} [{step_s}s]))'
 
 
 def parse_loki_matrix(data: dict[str, Any], label: str, step_s: int, time_range: TimeRange,

@@ -174,6 +174,7 @@ class VictoriaLogsTail(_WindowTail):
         from jobtrace import config
         from jobtrace.http import HttpConfig, RequestsTransport
         from jobtrace.redact import url_for_display
+        from jobtrace.store import PACK_KIND
         from loki import job_label, logsql_quote
 
         from ._victorialogs import VictoriaLogsReader
@@ -183,7 +184,9 @@ class VictoriaLogsTail(_WindowTail):
         self.where = f"VictoriaLogs at {url_for_display(http.url)}"
         self.reader = VictoriaLogsReader(http.url, transport or RequestsTransport(http), tenant=http.tenant,
                                          timeout_s=30.0, retries=1)
-        self.selector = "{" + job_label() + "=" + logsql_quote(job_id) + "} | fields _msg"
+        # The job's events, not its ranks' packs (kind="rollup": their rollups, which are not events to show).
+        self.selector = ("{" + job_label() + "=" + logsql_quote(job_id) + ", kind!=" + logsql_quote(PACK_KIND)
+                         + "} | fields _msg")
 
     def _window(self, start_ns: int, end_ns: int, limit: int | None) -> Iterator[_Row]:
         self.requests += 1

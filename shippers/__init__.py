@@ -4,6 +4,8 @@ The embedded store (:class:`LocalStoreSink`) is the default sink. Network shippe
 are a :class:`SpoolingSender` (disk spool, retry policy, dead-letter file, one
 sender thread) around a backend-specific :class:`Encoder` and a :class:`Transport`.
 :func:`export_job` sends a job already in the embedded store through the same shippers.
+A rank's *pack* (its rollup as a few lines, :mod:`jobtrace.store._packs`) goes to the shippers that
+take packs (:func:`connect_packs`) when the rank's store sink closes, and with every export.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from jobtrace.http import (
 
 from ._batch import BatchWorker, Sink, WorkerStats
 from ._export import ExportSummary, export_job
-from ._local import LocalStoreSink
+from ._local import LocalStoreSink, connect_packs, takes_packs
 from ._loki_logging import LokiHandler
 from ._otlp import OtlpSpanSink, RootSpan
 from ._process import ProcessInfo
@@ -54,8 +56,10 @@ __all__ = [
     "SpoolingSender",
     "Transport",
     "WorkerStats",
+    "connect_packs",
     "export_job",
     "local_store_enabled",
     "network_sinks_from_env",
     "open_shipper",
+    "takes_packs",
 ]

@@ -15,6 +15,11 @@ with backoff and ``Retry-After``, dead-letter file, one request in flight) aroun
   retried with backoff, only those lines; anything else (a mapping or parse error:
   ``mapper_parsing_exception``, ``document_parsing_exception``…) goes to the
   dead-letter file with the server's reason, and is counted.
+* a rank's *pack* (a line with ``"kind":"rollup"``, :mod:`jobtrace.store._packs`) goes, with
+  its own deterministic ``_id``, to ``metrics-jobtrace.rollup-<namespace>``
+  (:func:`kibana._document.pack_document`), which no event reader searches. Not to
+  VictoriaLogs' ``_bulk``: the shipper says so with :attr:`ElasticsearchShipper.takes_packs`
+  (VictoriaLogs gets packs as raw lines from its own shipper).
 
 The shipper speaks raw HTTP through :class:`~shippers.RequestsTransport` (API key,
 basic or bearer auth; TLS with the system or a given CA, verification on by default;
@@ -80,7 +85,11 @@ from kibana import (
     doc_id,
     document_core,
     install,
+    is_pack,
     is_victorialogs,
+    pack_constant_fields,
+    pack_document,
+    rollup_stream_name,
     templates_current,
     transport_caller,
     validate_namespace,
@@ -115,6 +124,10 @@ CONFIG_STATUSES = frozenset({301, 302, 307, 308, 401, 403, 404, 405})
 """Whole-request answers that mean a wrong URL or credentials: keep the data spooled and say so."""
 
 
+_PACK = "rollup"
+"""The encoder's key for the packs' data stream, beside the event stream types."""
+
+
 class EsBulkEncoder:
     """Canonical lines → one ``_bulk`` request; bulk response → which lines to retry or dead-letter."""
 
@@ -143,6 +156,8 @@ class EsBulkEncoder:
                         for t in STREAM_TYPES}
         self._tail = {t: b"," + orjson.dumps(constant_fields(t, namespace, service_name))[1:] + b"\n"
                       for t in STREAM_TYPES}
+        self._action[_PACK] = b'{"create":{"_index":"' + rollup_stream_name(namespace).encode() + b'","_id":"'
+        self._tail[_PACK] = b"," + orjson.dumps(pack_constant_fields(namespace))[1:] + b"\n"
         self.duplicates = 0
         """Items the server already had (409): replays made harmless by the deterministic ids."""
         self._warned: set[str] = set()
@@ -157,7 +172,10 @@ class EsBulkEncoder:
             if not isinstance(event, dict):
                 raise TypeError("not a JSON object")
             id_ = doc_id(line)
-            type_, doc = document_core(event, id_)
+            if is_pack(event):
+                type_, doc = _PACK, pack_document(event, id_)
+            else:
+                type_, doc = document_core(event, id_)
             parts.append(action[type_] + id_.encode() + b'"}}\n' + dumps(doc)[:-1] + tail[type_])
         body = b"".join(parts)
         if self.compress:
@@ -331,6 +349,10 @@ class ElasticsearchShipper(SpoolingSender):
             self.setup_transport = SetupOnFirstUse(inner, config.url, retention=retention, flavour=flavour)
             inner = self.setup_transport
         self.config = config
+        self.takes_packs = not encoder.victorialogs
+        """Whether ranks' packs may be written here: Elasticsearch/OpenSearch keep them in their own data stream;
+        VictoriaLogs' ``_bulk`` would store them as fields its reader never asks for (known from the URL or
+        ``flavour`` now, so an instance attribute, not a property)."""
         super().__init__(encoder, inner, spool_dir, dead_letter=dead_letter, policy=policy,
                          timeout_s=config.timeout_s, shutdown_timeout_s=shutdown_timeout_s)
 

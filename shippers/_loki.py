@@ -38,6 +38,11 @@
   URL sets it) so the canonical line is stored whole as ``_msg`` and read back
   losslessly; labels and structured metadata still become searchable fields.
 
+* **Packs** (a rank's rollup, :func:`jobtrace.store.pack_lines`, sent once at its clean exit) are
+  lines like events: their ``kind`` (``rollup``) makes them a stream of their own, which every
+  event query excludes (``kind!="rollup"``), and their rank goes to structured metadata. A
+  pack line holds at most 128 KiB of base64, half the default ``max_line_bytes``.
+
 Runs on the sender thread only; nothing here is called from the training thread.
 """
 
@@ -559,6 +564,11 @@ class LokiShipper(SpoolingSender):
     """
 
     encoder: LokiEncoder
+
+    takes_packs = True
+    """Packs go out as lines of their own stream (``kind="rollup"``, the rank in structured metadata):
+    ``trace-job --backend victorialogs`` reads a rank's pack instead of its events, and every event query
+    of the library excludes that stream (``kind!="rollup"``)."""
 
     @classmethod
     def from_env(cls, info: ProcessInfo, *, url: str | None = None, **options: Any) -> LokiShipper:

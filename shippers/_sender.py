@@ -78,6 +78,11 @@ class SpoolingSender:
     takes_chunks = False
     """The spool and the encoders read one line per item."""
 
+    takes_packs = False
+    """Whether the backend keeps a rank's pack (:func:`jobtrace.store.pack_lines`) where ``trace-job`` reads it,
+    so the embedded store sink and ``jobtrace export`` send it one (see :func:`shippers._local.connect_packs`).
+    Off unless a shipper's reader uses packs: elsewhere they would only be stored as strange events."""
+
     def __init__(
         self,
         encoder: Encoder,

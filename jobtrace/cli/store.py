@@ -112,6 +112,8 @@ def export(job_id: str, backend: str, url: str | None, data_dir: str, timeout_s:
         console.print(f"exported {s.job} to {s.backend}: {s.files} files ({s.from_segments} rebuilt from segments), "
                       f"{s.lines} lines, {s.sent} accepted, {s.refused} refused, {s.torn} torn and {s.corrupt} corrupt lines skipped "
                       f"in {s.seconds:.1f}s", highlight=False)
+        if s.packs or s.packs_skipped:
+            console.print(s.packs_text, highlight=False)
         if s.refused:
             console.print(f"refused lines are kept in {s.dead_letter}", highlight=False)
         if s.left_bytes:

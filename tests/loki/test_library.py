@@ -60,7 +60,7 @@ class TestRendering:
     def test_a_hostile_job_id_cannot_change_the_query(self):
         """The job id comes back intact from the string and matches only itself as a regex."""
         expr = lib.render("job_events", job=HOSTILE)
-        m = re.fullmatch(r'\{training_job=~("(?:[^"\\]|\\.)*")\}', expr)
+        m = re.fullmatch(r'\{training_job=~("(?:[^"\\]|\\.)*"), kind!="rollup"\}', expr)
         assert m, expr
         pattern = go_unquote(m.group(1))
         assert re.fullmatch(pattern, HOSTILE) and not re.fullmatch(pattern, "x")
@@ -70,7 +70,7 @@ class TestRendering:
         assert lib.render("job_timeline", job="j", rank=[2, 3]).endswith('rank=~"2|3"')
         assert 'node=~".*"' in lib.render("job_timeline", job="j")
         assert 'node=~"a\\\\.b"' in lib.render("job_timeline", job="j", node="a.b")
-        assert lib.render("job_events", job=loki.Regex("train-.*")) == '{training_job=~"train-.*"}'
+        assert lib.render("job_events", job=loki.Regex("train-.*")) == '{training_job=~"train-.*", kind!="rollup"}'
 
     @pytest.mark.parametrize("params", [{"window": "5m; drop"}, {"window": "5"}, {"k": "3) or vector(1"},
                                         {"factor": "nan"}, {"bogus": 1}, {"job": 1.5}])
@@ -175,7 +175,7 @@ class TestJobLabel:
         """``library("job")`` (JOBTRACE_LOKI_JOB_LABEL=job) renames the selectors, the groupings and the alert texts,
         and Grafana's grammar still takes every query."""
         old = loki.library("job")
-        assert old.render("job_events", job="j") == '{job=~"j"}'
+        assert old.render("job_events", job="j") == '{job=~"j", kind!="rollup"}'
         assert "sum by (job, node) (count_over_time({job=~" in old.render("errors_by_node")
         assert all(loki.JOB_LABEL not in old.render(n) for n in old.names())
         assert all("$labels.job }}" in a.summary for a in old.alerts)
@@ -205,7 +205,7 @@ class TestJobLabel:
                                                                 "level": "INFO"}
         monkeypatch.setenv("JOBTRACE_LOKI_JOB_LABEL", "job")
         assert pushed(LokiOptions.from_env(format="json"))["job"] == "j"
-        assert loki.library(loki.job_label()).render("job_events", job="j") == '{job=~"j"}'
+        assert loki.library(loki.job_label()).render("job_events", job="j") == '{job=~"j", kind!="rollup"}'
         with pytest.raises(ConfigError):
             LokiOptions(static_labels={"job": "scrape"}, job_label="job")
         # the scrape job's name is free for a site's own static label once jobtrace no longer takes it

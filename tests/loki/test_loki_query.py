@@ -66,9 +66,10 @@ class TestPagination:
         r, transport = reader(fake, limit=100, parallel=1)
         list(r.fetch(selector("j"), RANGE.start_ns, RANGE.end_ns))
         hist, *pages = fake.queries
-        assert re.fullmatch(r'sum\(count_over_time\(\{training_job=~"j"\} \[\d+s\]\)\)', hist["query"])
+        assert re.fullmatch(r'sum\(count_over_time\(\{training_job=~"j", kind!="rollup"\} \[\d+s\]\)\)', hist["query"])
         assert hist["step"].endswith("s") and int(hist["start"]) == RANGE.start_ns
-        assert all(p["direction"] == "forward" and p["limit"] == "100" and p["query"] == '{training_job=~"j"}' for p in pages)
+        assert all(p["direction"] == "forward" and p["limit"] == "100" and p["query"] == '{training_job=~"j", kind!="rollup"}'
+                   for p in pages)
         assert [int(p["start"]) for p in pages[1:]] == [T0 + 99 * 1000, T0 + 198 * 1000]
         assert all(t.headers["X-Loki-Response-Encoding-Flags"] == "categorize-labels" for t in transport.requests)
         assert all(t.url.startswith("http://loki:3100/loki/api/v1/query_range?") for t in transport.requests)
@@ -132,7 +133,7 @@ class TestQueryBuilding:
         job = load_loki(hostile, url="http://loki:3100", time_range=RANGE, transport=InMemoryTransport(fake))
         assert job.stats.events == len(mine)
         sent = fake.queries[-1]["query"]
-        pattern = go_unquote(re.fullmatch(r"\{training_job=~(.*)\}", sent).group(1))
+        pattern = go_unquote(re.fullmatch(r'\{training_job=~(.*), kind!="rollup"\}', sent).group(1))
         assert re.fullmatch(pattern, hostile) and not re.fullmatch(pattern, "x")
 
     def test_tenant_and_credentials_go_in_headers_never_in_errors(self, monkeypatch):

@@ -52,7 +52,7 @@ class TestShippedJob:
         """Counts per rank and kind on the server equal the embedded store's; each line arrives once."""
         job_id, data = shipped
         local = read_events(data / job_id)
-        rows = logsql(vl, '{training_job="%s"} | fields _msg' % job_id)
+        rows = logsql(vl, '{training_job="%s", kind!="rollup"} | fields _msg' % job_id)  # events, not packs
         remote = [json.loads(r["_msg"]) for r in rows]
         assert Counter((e["rank"], e["kind"]) for e in remote) == Counter((e["rank"], e["kind"]) for e in local)
         assert sorted(json.dumps(e, sort_keys=True) for e in remote) == \
@@ -68,7 +68,7 @@ class TestShippedJob:
         rows = logsql(vl, '{training_job="%s"} | fields _stream, _msg, rank, trace_id, span_id, step' % job_id)
         streams = {r["_stream"] for r in rows}
         assert all("rank" not in s and "step" not in s for s in streams)
-        assert len(streams) <= 1 * 1 * 4 * 3  # one node, four kinds, logs by level
+        assert len(streams) <= 1 * 1 * (4 + 1) * 3  # one node, four kinds and the packs, logs by level
         traces = set()
         for r in rows:
             ev = json.loads(r["_msg"])
@@ -89,6 +89,8 @@ class TestShippedJob:
         local = analyze(load_local(data, job_id)).to_dict()
         remote = analyze(load_job("victorialogs", job_id, url=vl.url, time_range=TimeRange.parse("2h", None)))
         assert remote.source.startswith("victorialogs:")
+        # every rank exited cleanly and shipped its pack: the report comes from the packs (TestPacks)
+        assert "4 ranks read from the rollups they shipped at exit" in remote.source, remote.source
         remote_d = remote.to_dict()
         local.pop("source")
         remote_d.pop("source")
@@ -110,3 +112,49 @@ class TestShippedJob:
         report = json.loads(result.output)
         assert report["ranks"] == 4 and report["steps"] == 12
         assert {f["kind"] for f in report["findings"]} >= {"slow_rank", "nan_loss"}
+
+
+class TestPacks:
+    """Each rank of the job, exiting cleanly, shipped its pack (its rollup: :mod:`jobtrace.store._packs`) beside
+    its events through the same Loki push: trace-job reads the ranks from them, and the views of events
+    (tail, the job listing) neither show nor count them."""
+
+    def test_each_rank_shipped_its_pack_as_a_stream_of_its_own(self, vl, shipped):
+        from jobtrace.store import unpack
+
+        job_id, _ = shipped
+        rows = logsql(vl, '{training_job="%s", kind="rollup"} | fields _msg, _stream, rank' % job_id)
+        records = [json.loads(r["_msg"]) for r in rows]
+        assert {r["rank"] for r in records} == {0, 1, 2, 3}
+        assert all('kind="rollup"' in r["_stream"] and r["rank"] == str(rec["rank"]) for r, rec in zip(rows, records))
+        packs = unpack(records)
+        try:
+            assert packs.ranks == {0, 1, 2, 3} and not packs.skipped
+        finally:
+            packs.close()
+
+    def test_the_read_from_packs_equals_the_read_of_every_event(self, vl, shipped):
+        """The same report as the embedded store's (TestShippedJob) and as reading every event on the server."""
+        job_id, data = shipped
+        span = TimeRange.parse("2h", None)
+        packed = load_job("victorialogs", job_id, url=vl.url, time_range=span)
+        assert "4 ranks read from the rollups they shipped at exit" in packed.source, packed.source
+        assert packed.stats.fetched_events is not None and packed.stats.fetched_events < packed.stats.events
+        whole = load_job("victorialogs", job_id, url=vl.url, time_range=span, packs=False)
+        a, b = analyze(packed).to_dict(), analyze(whole).to_dict()
+        a.pop("source")
+        b.pop("source")
+        assert a == b
+
+    def test_tail_and_job_listing_show_and_count_events_only(self, vl, shipped):
+        from queries._server_jobs import list_server_jobs
+        from queries._tail import VictoriaLogsTail
+
+        job_id, data = shipped
+        local = read_events(data / job_id)
+        tail = VictoriaLogsTail(job_id, vl.url, lookback_s=7200)
+        seen = tail.read()
+        assert Counter(e["kind"] for e in seen) == Counter(e["kind"] for e in local)
+        (row,) = [r for r in list_server_jobs("victorialogs", url=vl.url, time_range=TimeRange.parse("2h", None))
+                  if r["job_id"] == job_id]
+        assert (row["events"], row["ranks"]) == (len(local), 4)

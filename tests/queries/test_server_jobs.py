@@ -199,7 +199,7 @@ class TestLoki:
         from urllib.parse import parse_qs, urlsplit
 
         params = {k: v[0] for k, v in parse_qs(urlsplit(request.url).query).items()}
-        assert 'sum by (training_job) (count_over_time({training_job=~".+"} [1s]))' == params["query"]
+        assert 'sum by (training_job) (count_over_time({training_job=~".+", kind!="rollup"} [1s]))' == params["query"]
         assert (str(LOKI_RANGE.start_ns), str(LOKI_RANGE.end_ns), "1s") == (params["start"], params["end"],
                                                                             params["step"])
         got = [(r["job_id"], r["first_ns"], r["last_ns"], r["events"], r["ranks"], r["steps"], r["resolution_ns"],
