@@ -9,12 +9,13 @@ For each size a synthetic job (:class:`jobtrace.synth.SynthJob`: one rank slow b
 loss over the last tenth of the steps; nine events per rank and step) is written to an
 embedded store, then sent with ``jobtrace export``'s own code (:func:`shippers.export_job`)
 to the real VictoriaLogs (Loki push) and OpenSearch (``_bulk``) that the tests start
-(``tests.servers``, built once into ``~/.cache/jobtrace-servers``). Then ``trace-job --json``
-runs, each time in a fresh Python process, on ``--backend local`` and on each server in each
-way it can be read (:data:`VARIANTS`): as a user runs it today, the other path it has
-(VictoriaLogs summing on the server, ``JOBTRACE_VL_AGGREGATE``; OpenSearch's whole pull), and
-VictoriaLogs' reader as it was before the servers summed (every event parsed in Python), the
-baseline. This prints for each:
+(``tests.servers``, built once into ``~/.cache/jobtrace-servers``), events first, then each
+rank's pack (its rollup, :mod:`jobtrace.store._packs`). Then ``trace-job --json`` runs, each
+time in a fresh Python process, on ``--backend local`` and on each server in each way it can be
+read (:data:`VARIANTS`): as a user runs it today (through the packs), the ways it reads a job
+whose ranks left none (VictoriaLogs: every event parsed by DuckDB, or summed on the server;
+OpenSearch: summed by composite aggregations, or the whole pull), and VictoriaLogs' reader as
+it was before the servers summed (every event parsed in Python), the baseline. This prints for each:
 
 * **time**: the child process's wall time, as a user waits for it (interpreter start
   included), and of that the ``load_job`` part (reading the events into DuckDB);
@@ -83,7 +84,7 @@ def before(backend, job_id, *, url, time_range, **_):
     from loki import job_label, logsql_quote
     reader = VictoriaLogsReader(url, RequestsTransport(HttpConfig(url)))
     stats = ReadStats()
-    selector = "{{" + job_label() + "=" + logsql_quote(job_id) + "}}"
+    selector = "{{" + job_label() + "=" + logsql_quote(job_id) + ", kind!=" + logsql_quote("rollup") + "}}"  # events, not packs
     events = _only_job(job_id, reader.fetch(selector, time_range.start_ns, time_range.end_ns, stats), stats)
     return load_events(job_id, events, "victorialogs:" + url, stats)
 def timed_load(*a, **k):
@@ -178,12 +179,15 @@ def ship(backend: str, server: Any, data: Path, job_id: str) -> dict[str, Any]:
 VARIANTS: dict[str, dict[str, Any]] = {
     # name shown: (backend, load_job options, or "before" for the old VictoriaLogs reader)
     "victorialogs": {"backend": "victorialogs", "options": {}},
-    "victorialogs (server sums)": {"backend": "victorialogs", "options": {"aggregate": True}},
+    "victorialogs (no packs)": {"backend": "victorialogs", "options": {"packs": False}},
+    "victorialogs (server sums)": {"backend": "victorialogs", "options": {"packs": False, "aggregate": True}},
     "victorialogs (before)": {"backend": "victorialogs", "options": "before"},
     "elasticsearch": {"backend": "elasticsearch", "options": {}},
+    "elasticsearch (no packs)": {"backend": "elasticsearch", "options": {"packs": False}},
     "elasticsearch (whole)": {"backend": "elasticsearch", "options": {"whole": True}},
 }
-"""Each way a backend is read: today's default, the other path it has, and the reader before this change."""
+"""Each way a backend is read: today's default (the ranks' packs, which ``export`` sends after the events),
+the ways it reads a job without packs (a killed rank, a running job), and the reader before any of this."""
 
 
 def trace(backend: str, server: Any, data: Path, job_id: str, work: Path, variant: str | None = None) -> dict[str, Any]:

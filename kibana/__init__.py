@@ -11,7 +11,8 @@ reader that queries it and ``jobtrace setup``:
 
 * ``templates/``: the component templates (``jobtrace-mappings``, ``jobtrace-settings``),
   one composable index template per data stream type (``index-template-<type>.json``
-  for ``logs-jobtrace-*``, ``metrics-jobtrace-*``, ``traces-jobtrace-*``) and the
+  for ``logs-jobtrace-*``, ``metrics-jobtrace-*``, ``traces-jobtrace-*``; and
+  ``index-template-rollup.json`` for the ranks' packs, ``metrics-jobtrace.rollup-*``) and the
   retention policy bodies (``ilm-policy.json`` for Elasticsearch, ``ism-policy.json``
   for OpenSearch) whose ages the installer fills in.
 * ``saved_objects/kibana.ndjson``: a data view, saved searches, Lens visualisations and a
@@ -39,8 +40,13 @@ from ._document import (
     doc_id,
     document_core,
     from_document,
+    from_pack_document,
+    is_pack,
     iso_ns,
+    pack_constant_fields,
+    pack_document,
     parse_iso_ns,
+    rollup_stream_name,
     stream_type,
     to_document,
     validate_namespace,
@@ -86,15 +92,20 @@ __all__ = [
     "document_core",
     "error_reason",
     "from_document",
+    "from_pack_document",
     "import_saved_objects",
     "install",
+    "is_pack",
     "is_victorialogs",
     "iso_ns",
     "load_template",
     "make_client",
+    "pack_constant_fields",
+    "pack_document",
     "parse_days",
     "parse_iso_ns",
     "parse_root",
+    "rollup_stream_name",
     "run_setup",
     "saved_objects",
     "saved_objects_path",

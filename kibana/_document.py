@@ -50,6 +50,12 @@ Which data stream an event goes to (``<type>-jobtrace-<namespace>``): logs and
 heartbeats to ``logs`` (short retention), metric points and the per-step ``step``
 spans to ``metrics`` (long retention: a year later loss, grad norm and per-rank step
 time are still there), every other span to ``traces`` (short retention).
+
+A rank's *pack* (``kind`` ``rollup``: its rollup as Parquet parts, see
+:mod:`jobtrace.store._packs`) is not an event: :func:`pack_document` puts it in a data stream
+of its own, ``metrics-jobtrace.rollup-<namespace>`` (:func:`rollup_stream_name`), which the
+``<type>-jobtrace-*`` patterns the event readers search do not match, kept as long as the
+metrics. :func:`from_pack_document` gives the record back.
 """
 
 from __future__ import annotations
@@ -66,14 +72,21 @@ from typing import Any, Final
 __all__ = [
     "DATASET",
     "ECS_VERSION",
+    "PACK_FIELD",
+    "ROLLUP_DATASET",
     "STREAM_TYPES",
     "constant_fields",
     "data_stream_name",
     "doc_id",
     "document_core",
     "from_document",
+    "from_pack_document",
+    "is_pack",
     "iso_ns",
+    "pack_constant_fields",
+    "pack_document",
     "parse_iso_ns",
+    "rollup_stream_name",
     "stream_type",
     "to_document",
     "validate_namespace",
@@ -141,6 +154,64 @@ def stream_type(event: Mapping[str, Any]) -> str:
 
 def data_stream_name(type_: str, namespace: str) -> str:
     return f"{type_}-{DATASET}-{namespace}"
+
+
+ROLLUP_DATASET: Final = "jobtrace.rollup"
+"""The dataset of the packs' data stream: ``metrics-jobtrace.rollup-<namespace>`` is not ``metrics-jobtrace-*``."""
+
+PACK_KIND: Final = "rollup"
+"""``kind`` of a pack record (``jobtrace.store.PACK_KIND``; repeated so this module imports no store)."""
+
+PACK_FIELD: Final = "jobtrace_pack"
+"""The document field holding a pack part's base64 Parquet (mapped ``binary``: stored, never indexed)."""
+
+
+def is_pack(record: Mapping[str, Any]) -> bool:
+    return record.get("kind") == PACK_KIND
+
+
+def rollup_stream_name(namespace: str) -> str:
+    """The data stream of the packs (any namespace with ``*``)."""
+    return f"metrics-{ROLLUP_DATASET}-{namespace}"
+
+
+def pack_constant_fields(namespace: str) -> dict[str, Any]:
+    """The fields every pack document of one namespace shares (the encoder splices them in)."""
+    return {"data_stream": {"type": "metrics", "dataset": ROLLUP_DATASET, "namespace": namespace}}
+
+
+def pack_document(record: Mapping[str, Any], doc_id_: str | None = None) -> dict[str, Any]:
+    """A pack record as a document, without :func:`pack_constant_fields`.
+
+    The identity keys go where the events keep them in ``jobtrace.*`` (so one ``term`` on
+    ``jobtrace.job`` finds both), the ``rollup`` object as it is, the Parquet part under
+    :data:`PACK_FIELD`. Raises ``ValueError`` for a record without an integer ``ts``.
+    """
+    jt: dict[str, Any] = {"kind": PACK_KIND}
+    for key in ("job", "rank", "node", "pid", "trace_id"):
+        if record.get(key) is not None:
+            jt[key] = record[key]
+    roll = record.get("rollup")
+    if isinstance(roll, Mapping):
+        jt["rollup"] = dict(roll)
+    doc: dict[str, Any] = {"@timestamp": iso_ns(record.get("ts")), "jobtrace": jt}  # type: ignore[arg-type]
+    if doc_id_:
+        doc["event"] = {"id": doc_id_}
+    if record.get("parquet") is not None:
+        doc[PACK_FIELD] = record["parquet"]
+    return doc
+
+
+def from_pack_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The pack record :func:`pack_document` was given (what ``jobtrace.store.unpack`` reads)."""
+    jt = doc.get("jobtrace") or {}
+    out: dict[str, Any] = {"kind": PACK_KIND, "ts": parse_iso_ns(doc["@timestamp"])}
+    for key in ("job", "rank", "node", "pid", "trace_id", "rollup"):
+        if jt.get(key) is not None:
+            out[key] = jt[key]
+    if doc.get(PACK_FIELD) is not None:
+        out["parquet"] = doc[PACK_FIELD]
+    return out
 
 
 def doc_id(line: bytes) -> str:

@@ -14,6 +14,10 @@ What gets installed (bodies in ``kibana/templates``):
   ``jobtrace-settings``, and index templates ``jobtrace-{logs,metrics,traces}`` for
   ``<type>-jobtrace-*`` with ``data_stream: {}`` at priority 501 (above the
   ``logs-*-*``/``metrics-*-*`` templates Elasticsearch ships at 100);
+* index template ``jobtrace-rollup`` for ``metrics-jobtrace.rollup-*``, the ranks' packs
+  (:func:`kibana._document.pack_document`): its own small mapping (the Parquet part is
+  ``binary``, never indexed), the ``jobtrace-settings``, and the metrics retention (the
+  ``jobtrace-metrics`` policy: by name in ILM, by a second pattern in the ISM policy);
 * the saved objects in ``kibana/saved_objects`` (``jobtrace setup`` only).
 
 Two callers, one algorithm (:func:`install`), driven through a :data:`Caller`:
@@ -58,11 +62,12 @@ from jobtrace.http import HttpConfig, Request, RequestsTransport, Transport
 from jobtrace.redact import redact_url
 
 from ._assets import load_template, saved_objects
-from ._document import STREAM_TYPES
+from ._document import STREAM_TYPES, rollup_stream_name
 
 __all__ = [
     "Caller",
     "Cluster",
+    "INDEX_TEMPLATES",
     "Retention",
     "SetupReport",
     "TEMPLATE_VERSION",
@@ -83,8 +88,19 @@ __all__ = [
 
 _log = logging.getLogger("jobtrace.setup")
 
-TEMPLATE_VERSION = 1
-"""Bumped when the mapping or the templates change; the shipper reinstalls older ones."""
+TEMPLATE_VERSION = 2
+"""Bumped when the mapping or the templates change; the shipper reinstalls older ones.
+2: the ``jobtrace-rollup`` template (packs)."""
+
+INDEX_TEMPLATES = (*STREAM_TYPES, "rollup")
+"""The index templates ``jobtrace-<name>``: one per event data stream type, and the packs'."""
+
+_ROLLUP_PATTERN = rollup_stream_name("*")
+
+
+def _patterns(type_: str) -> list[str]:
+    """The data streams kept by the ``jobtrace-<type_>`` policy: the packs live as long as the metrics."""
+    return [f"{type_}-jobtrace-*", _ROLLUP_PATTERN] if type_ == "metrics" else [f"{type_}-jobtrace-*"]
 
 Caller = Callable[..., "tuple[int, Any]"]
 """``call(method, path, params=None, body=None) -> (HTTP status, parsed JSON body or text)``.
@@ -398,7 +414,7 @@ def ism_policy(type_: str, retention: Retention) -> dict[str, Any]:
     hot, _delete = policy["states"]
     hot["actions"][0]["rollover"]["min_index_age"] = f"{retention.rollover_days(days)}d"
     hot["transitions"][0]["conditions"]["min_rollover_age"] = f"{days}d"
-    policy["ism_template"][0]["index_patterns"] = [f"{type_}-jobtrace-*"]
+    policy["ism_template"][0]["index_patterns"] = _patterns(type_)
     spec = _spec([policy["states"], policy["ism_template"]])
     policy["description"] = (f"jobtrace {type_}: roll over every {retention.rollover_days(days)}d, delete "
                              f"{days}d after rollover (managed by jobtrace, version {TEMPLATE_VERSION}, spec {spec})")
@@ -415,14 +431,16 @@ def component_templates(replicas: int | None = None) -> dict[str, dict[str, Any]
 
 
 def index_template(type_: str, cluster: Cluster, retention: Retention) -> dict[str, Any]:
+    """The body of ``jobtrace-<type_>`` (one of :data:`INDEX_TEMPLATES`); ``rollup`` keeps the metrics' retention."""
     body: dict[str, Any] = load_template(f"index-template-{type_}")
     body["version"] = TEMPLATE_VERSION
     settings = body.setdefault("template", {}).setdefault("settings", {})
+    policy_type = "metrics" if type_ == "rollup" else type_
     if cluster.flavour == "elasticsearch":
         if cluster.serverless:
-            body["template"]["lifecycle"] = {"data_retention": f"{retention.days(type_)}d"}
+            body["template"]["lifecycle"] = {"data_retention": f"{retention.days(policy_type)}d"}
         else:
-            settings["index.lifecycle.name"] = f"jobtrace-{type_}"
+            settings["index.lifecycle.name"] = f"jobtrace-{policy_type}"
     return body
 
 
@@ -460,7 +478,7 @@ def _existing_templates(call: Caller) -> dict[str, dict[str, Any]]:
 def templates_current(call: Caller) -> bool:
     """True when the jobtrace index and component templates of this version are all installed."""
     found = _existing_templates(call)
-    wanted = [f"jobtrace-{t}" for t in STREAM_TYPES] + ["jobtrace-mappings", "jobtrace-settings"]
+    wanted = [f"jobtrace-{t}" for t in INDEX_TEMPLATES] + ["jobtrace-mappings", "jobtrace-settings"]
     return all(isinstance(found.get(n, {}).get("version"), int) and found[n]["version"] >= TEMPLATE_VERSION
                for n in wanted)
 
@@ -534,20 +552,21 @@ def _attach_existing(call: Caller, cluster: Cluster, report: SetupReport, change
     ``changed``: an ISM policy was updated, so indices it already manages move to its new version."""
     for type_ in STREAM_TYPES:
         name = f"jobtrace-{type_}"
-        try:
-            if cluster.flavour == "elasticsearch":
-                st, got = call("PUT", f"/{type_}-jobtrace-*/_settings", params={"expand_wildcards": "all"},
-                               body={"index.lifecycle.name": name})
-            else:
-                st, got = call("POST", f"/_plugins/_ism/add/.ds-{type_}-jobtrace-*", body={"policy_id": name})
-                if changed and st == 200 and isinstance(got, dict) and got.get("failures"):
-                    # already managed: move them to this policy's current version
-                    st, got = call("POST", f"/_plugins/_ism/change_policy/.ds-{type_}-jobtrace-*",
-                                   body={"policy_id": name})
-            if st >= 300 and st != 404:
-                report.warnings.append(f"could not attach {name} to existing {type_} data: {error_reason(got)}")
-        except BackendUnavailable as exc:
-            report.warnings.append(f"could not attach {name} to existing {type_} data: {exc}")
+        for pattern in _patterns(type_):
+            try:
+                if cluster.flavour == "elasticsearch":
+                    st, got = call("PUT", f"/{pattern}/_settings", params={"expand_wildcards": "all"},
+                                   body={"index.lifecycle.name": name})
+                else:
+                    st, got = call("POST", f"/_plugins/_ism/add/.ds-{pattern}", body={"policy_id": name})
+                    if changed and st == 200 and isinstance(got, dict) and got.get("failures"):
+                        # already managed: move them to this policy's current version
+                        st, got = call("POST", f"/_plugins/_ism/change_policy/.ds-{pattern}",
+                                       body={"policy_id": name})
+                if st >= 300 and st != 404:
+                    report.warnings.append(f"could not attach {name} to existing {pattern} data: {error_reason(got)}")
+            except BackendUnavailable as exc:
+                report.warnings.append(f"could not attach {name} to existing {pattern} data: {exc}")
 
 
 def install(call: Caller, cluster: Cluster, retention: Retention | None = None, *, replicas: int | None = None,
@@ -586,15 +605,16 @@ def install(call: Caller, cluster: Cluster, retention: Retention | None = None, 
         st, got = call("PUT", f"/_component_template/{name}", body=body)
         check(st, got, f"installing component template {name}")
         report.installed.append(f"component template {name}")
-    for type_ in STREAM_TYPES:
+    for type_ in INDEX_TEMPLATES:
         name = f"jobtrace-{type_}"
         body = _with_spec(index_template(type_, cluster, retention))
+        what = f"index template {name} ({', '.join(body['index_patterns'])})"
         if keep(name, body):
-            report.unchanged.append(f"index template {name} ({type_}-jobtrace-*)")
+            report.unchanged.append(what)
             continue
         st, got = call("PUT", f"/_index_template/{name}", body=body)
-        check(st, got, f"installing index template {name} ({type_}-jobtrace-*)")
-        report.installed.append(f"index template {name} ({type_}-jobtrace-*)")
+        check(st, got, f"installing {what}")
+        report.installed.append(what)
     if authoritative and has_policies and not cluster.serverless:
         _attach_existing(call, cluster, report, changed)
     return report

@@ -22,6 +22,12 @@ data waits, the first step span and loss) from ``_source``. Times never come fro
 ``min``/``max`` aggregations, which compute in doubles (epoch nanoseconds to ~256 ns).
 Every request is retried on 429 (a full search queue), 5xx and no answer.
 
+Before either, the ranks' *packs* are read (``metrics-jobtrace.rollup-*``: each rank's rollup,
+shipped at its exit; :mod:`jobtrace.store._packs`): where there are usable ones, only the events
+of the ranks without one (and those with no rank) are read whole, and :func:`._packed.with_packs`
+joins the two (:func:`_load_packed`), a few thousand documents for a 1,024-rank job instead of
+aggregating nine million. ``whole`` reads every event and no pack.
+
 Only ``term``/``terms``/``range``/``exists`` queries with the job id as a JSON value are
 sent (no query-string parsing, so any job id is just a value). A search that reports
 failed shards is an error, never a silently partial report.
@@ -42,7 +48,7 @@ from jobtrace.config import ES, ES_FLAVOR, ES_NAMESPACE, get_choice, get_str
 from jobtrace.errors import BackendUnavailable, ConfigError, JobNotFound, QueryError, ServerUnavailable
 from jobtrace.http import HttpConfig, RequestsTransport
 from jobtrace.redact import redact_url
-from jobtrace.store import METRICS
+from jobtrace.store import METRICS, Packs, unpack
 from kibana import (
     STREAM_TYPES,
     Caller,
@@ -52,12 +58,15 @@ from kibana import (
     detect_cluster,
     error_reason,
     from_document,
+    from_pack_document,
     iso_ns,
     make_client,
     parse_iso_ns,
+    rollup_stream_name,
     validate_namespace,
 )
 
+from ._packed import unpacked_ranks, with_packs
 from ._reading import TimeRange, rank_slices
 from ._server_tables import Staging, load_aggregated
 from ._store import JobData, ReadStats, load_events
@@ -76,12 +85,24 @@ def _indices(namespace: str | None) -> str:
     return ",".join(f"{t}-jobtrace-{ns}" for t in STREAM_TYPES)
 
 
-def _query(job_id: str, rng: TimeRange) -> dict[str, Any]:
-    return {"bool": {"filter": [
+def _pack_indices(namespace: str | None) -> str:
+    """The packs' data stream(s) (:func:`kibana._document.rollup_stream_name`)."""
+    return rollup_stream_name("*" if not namespace or namespace == "*" else validate_namespace(namespace))
+
+
+def _query(job_id: str, rng: TimeRange, ranks: list[int] | None = None, unranked: bool = False) -> dict[str, Any]:
+    """The job's documents in ``rng``; with ``ranks``, only those ranks' (and, with ``unranked``, those with none)."""
+    filters: list[dict[str, Any]] = [
         {"term": {"jobtrace.job": job_id}},
         {"range": {"@timestamp": {"gte": iso_ns(rng.start_ns), "lte": iso_ns(rng.end_ns),
                                   "format": "strict_date_optional_time_nanos"}}},
-    ]}}
+    ]
+    if ranks is not None:
+        should: list[dict[str, Any]] = [{"terms": {"jobtrace.rank": ranks}}] if ranks else []
+        if unranked:
+            should.append({"bool": {"must_not": [{"exists": {"field": "jobtrace.rank"}}]}})
+        filters.append({"bool": {"should": should, "minimum_should_match": 1}})
+    return {"bool": {"filter": filters}}
 
 
 def _open_pit(call: Caller, cluster: Cluster, indices: str) -> str:
@@ -133,23 +154,36 @@ def _sort(call: Caller, cluster: Cluster, indices: str) -> list[Any]:
     return [{"@timestamp": {"order": "asc", "numeric_type": "date_nanos"}}, {"event.id": "asc"}]
 
 
+def _checked(st: int, answer: Any, what: str) -> dict[str, Any]:
+    """A search's answer, or the error: its status, or shards that failed (the report would be incomplete)."""
+    check(st, answer, what)
+    shards = answer.get("_shards") or {}
+    if shards.get("failed"):
+        failures = shards.get("failures") or [{}]
+        raise QueryError(f"{shards['failed']} shard(s) failed while {what}: "
+                         f"{error_reason(failures[0].get('reason'))}; the report would be incomplete")
+    return answer  # type: ignore[no-any-return]
+
+
 def iter_job_documents(call: Caller, cluster: Cluster, job_id: str, rng: TimeRange, *, namespace: str | None = None,
                        page_size: int = PAGE_SIZE, stats: ReadStats | None = None,
-                       refresh: bool = True) -> Iterator[dict[str, Any]]:
+                       refresh: bool = True, query: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """The job's documents' ``_source``, page by page (in the order :func:`_sort` picks).
 
-    The next page is fetched on a helper thread while this one is converted (the
-    server's work and ours overlap); at most three pages are held at a time.
+    ``query`` replaces the job's (:func:`_query`), to read some of its ranks. The next page is
+    fetched on a helper thread while this one is converted (the server's work and ours overlap);
+    at most three pages are held at a time.
     """
     pages = _pages(call, cluster, job_id, rng, namespace=namespace, page_size=page_size, stats=stats,
-                   refresh=refresh)
+                   refresh=refresh, query=query)
     for hits in _prefetched(pages):
         for hit in hits:
             yield hit.get("_source") or {}
 
 
 def _pages(call: Caller, cluster: Cluster, job_id: str, rng: TimeRange, *, namespace: str | None, page_size: int,
-           stats: ReadStats | None, refresh: bool) -> Generator[list[dict[str, Any]], None, None]:
+           stats: ReadStats | None, refresh: bool,
+           query: dict[str, Any] | None = None) -> Generator[list[dict[str, Any]], None, None]:
     indices = _indices(namespace)
     if refresh:
         _refresh(call, indices)
@@ -157,7 +191,7 @@ def _pages(call: Caller, cluster: Cluster, job_id: str, rng: TimeRange, *, names
     pit = _open_pit(call, cluster, indices)
     body: dict[str, Any] = {
         "size": page_size,
-        "query": _query(job_id, rng),
+        "query": query or _query(job_id, rng),
         "sort": sort,
         "track_total_hits": False,
         # what from_document() does not read is not sent: a third less JSON to parse
@@ -169,12 +203,7 @@ def _pages(call: Caller, cluster: Cluster, job_id: str, rng: TimeRange, *, names
     try:
         while True:
             st, page = call("POST", "/_search", params=params, body=body)
-            check(st, page, f"searching {indices} for job {job_id!r}")
-            shards = page.get("_shards") or {}
-            if shards.get("failed"):
-                failures = shards.get("failures") or [{}]
-                raise QueryError(f"{shards['failed']} shard(s) failed while reading job {job_id!r}: "
-                                 f"{error_reason(failures[0].get('reason'))}; the report would be incomplete")
+            page = _checked(st, page, f"reading job {job_id!r} from {indices}")
             hits = (page.get("hits") or {}).get("hits") or []
             if stats is not None:
                 stats.lines += len(hits)
@@ -372,15 +401,6 @@ class _Tier:
     def _page(self, sub_buckets: int) -> int:
         return self.max_buckets if self.fixed_page else max(1, self.max_buckets // (1 + sub_buckets))
 
-    def _checked(self, st: int, answer: Any, what: str) -> dict[str, Any]:
-        check(st, answer, what)
-        shards = answer.get("_shards") or {}
-        if shards.get("failed"):
-            failures = shards.get("failures") or [{}]
-            raise QueryError(f"{shards['failed']} shard(s) failed while {what}: "
-                             f"{error_reason(failures[0].get('reason'))}; the report would be incomplete")
-        return answer  # type: ignore[no-any-return]
-
     def query(self, *filters: dict[str, Any], must_not: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         q: dict[str, Any] = {"filter": [*self.job["bool"]["filter"], *filters]}
         if must_not:
@@ -398,7 +418,7 @@ class _Tier:
                 "aggs": {"g": {"composite": comp, **({"aggs": aggs} if aggs else {})}}}
         while True:
             st, answer = self.call("POST", f"/{self.indices}/_search", params=self.params, body=body)
-            g = (self._checked(st, answer, f"aggregating job {self.job_id!r}").get("aggregations") or {}).get("g") or {}
+            g = (_checked(st, answer, f"aggregating job {self.job_id!r}").get("aggregations") or {}).get("g") or {}
             buckets = g.get("buckets") or []
             yield from buckets
             if len(buckets) < comp["size"] or not g.get("after_key"):
@@ -421,7 +441,7 @@ class _Tier:
         params = {"filter_path": f"_shards.failed,_shards.failures,{returned},hits.hits.sort"}
         while True:
             st, page = self.call("POST", "/_search", params=params, body=body)
-            hits = (self._checked(st, page, f"searching job {self.job_id!r}").get("hits") or {}).get("hits") or []
+            hits = (_checked(st, page, f"searching job {self.job_id!r}").get("hits") or {}).get("hits") or []
             with self.lock:
                 self.stats.lines += len(hits)
             yield hits
@@ -582,7 +602,7 @@ class _Tier:
             body = {"size": 1, "query": query, "sort": [{"@timestamp": {"order": "asc"}}], "_source": src,
                     "track_total_hits": False}
             st, answer = self.call("POST", f"/{self.indices}/_search", params=self.params, body=body)
-            hits = (self._checked(st, answer, f"searching job {self.job_id!r}").get("hits") or {}).get("hits") or []
+            hits = (_checked(st, answer, f"searching job {self.job_id!r}").get("hits") or {}).get("hits") or []
             with self.lock:
                 self.stats.lines += len(hits)
             yield from (h.get("_source") or {} for h in hits)
@@ -678,20 +698,90 @@ def _estimated_ranks(rank_rows: list[dict[str, Any]], raw: list[dict[str, Any]])
         row["n_est"] = row["n"] if est.get(row["rank"]) else 0
 
 
+# ---- packs (jobtrace.store._packs): the ranks' rollups, read instead of their events ----------------------------
+PACK_PAGE = 200
+"""Pack documents per search page: each holds up to 128 KiB of base64, so a page is at most ~26 MB of JSON."""
+
+
+def read_packs(call: Caller, job_id: str, rng: TimeRange, *, namespace: str | None = None,
+               page_size: int = PACK_PAGE) -> Packs:
+    """The job's packs in ``rng``, unpacked (:func:`jobtrace.store.unpack`); none where the packs' data stream is
+    missing (a cluster set up before packs, a job shipped without them).
+
+    Paged with ``search_after`` on (rank, ``event.id``): ``event.id`` is the hash of the pack line, so
+    two documents tie only when they are copies of one record (a replay stored twice), and skipping
+    one of those at a page boundary loses nothing. No point in time is needed for a few thousand
+    documents written once, when their rank exited.
+    """
+    indices = _pack_indices(namespace)
+    query = _query(job_id, rng)
+    query["bool"]["filter"] += [{"term": {"jobtrace.kind": "rollup"}}, {"exists": {"field": "jobtrace.rank"}}]
+    body: dict[str, Any] = {"size": page_size, "query": query, "track_total_hits": False,
+                            "sort": [{"jobtrace.rank": "asc"}, {"event.id": "asc"}],
+                            "_source": {"excludes": ["data_stream", "event"]}}
+    params = {"ignore_unavailable": "true", "allow_no_indices": "true",
+              "filter_path": "_shards.failed,_shards.failures,hits.hits._source,hits.hits.sort"}
+
+    def records() -> Iterator[dict[str, Any]]:
+        while True:
+            st, page = call("POST", f"/{indices}/_search", params=params, body=body)
+            if st == 404:  # index_not_found: no packs on this cluster
+                return
+            page = _checked(st, page, f"reading the packs of job {job_id!r} from {indices}")
+            hits = (page.get("hits") or {}).get("hits") or []
+            for hit in hits:
+                try:
+                    yield from_pack_document(hit.get("_source") or {})
+                except (KeyError, ValueError, TypeError):
+                    continue  # not a pack document: unpack() never sees it, the rank is read whole
+            if len(hits) < page_size:
+                return
+            body["search_after"] = hits[-1]["sort"]
+
+    return unpack(records(), start_ns=rng.start_ns, end_ns=rng.end_ns)
+
+
+def _load_packed(call: Caller, cluster: Cluster, job_id: str, packs: Packs, rng: TimeRange, *,
+                 namespace: str | None, page_size: int, bucket_page: int | None, source: str) -> JobData:
+    """The job from ``packs`` plus, read whole, the events of the ranks they do not stand for and of no rank.
+
+    Consumes ``packs`` (closed on any error too). The server's events per rank come from one composite
+    aggregation (:meth:`_Tier.counts`): a rank with more events there than its pack stands for is read whole.
+    """
+    try:
+        stats = ReadStats()
+        tier = _Tier(call, cluster, _indices(namespace), _query(job_id, rng), page_size=page_size,
+                     bucket_page=bucket_page, parallel=1, stats=stats)
+        counts, unranked = tier.counts()
+        others = unpacked_ranks(packs, counts)
+        events: Iterator[dict[str, Any]] = iter(())
+        if others or unranked:
+            docs = iter_job_documents(call, cluster, job_id, rng, namespace=namespace, page_size=page_size,
+                                      stats=stats, refresh=False, query=_query(job_id, rng, others, bool(unranked)))
+            events = _events(docs, stats)
+        job = load_events(job_id, events, source, stats, empty_ok=True)
+    except BaseException:
+        packs.close()
+        raise
+    return with_packs(job, packs, sum(counts.values()) + unranked)
+
+
 def load_elasticsearch(job_id: str, *, url: str | None = None, time_range: TimeRange, namespace: str | None = None,
                        page_size: int = PAGE_SIZE, flavour: str | None = None, config: HttpConfig | None = None,
                        parallel: int = 4, whole: bool = False, bucket_page: int | None = None,
-                       **_: Any) -> JobData:
+                       pack_page: int = PACK_PAGE, packs: bool = True, **_: Any) -> JobData:
     """Load ``job_id`` from Elasticsearch/OpenSearch (``--url`` or ``JOBTRACE_ES_URL``) into DuckDB.
 
     ``namespace`` (or ``JOBTRACE_ES_NAMESPACE``) narrows the search to one namespace;
     by default every ``*-jobtrace-*`` data stream is read.
 
-    The cluster aggregates the spans and metrics per rank and step (:mod:`._server_tables`), in
+    The ranks' packs (:func:`read_packs`) come first, unless ``packs`` is false: where some are usable,
+    only the other ranks' events are read (:func:`_load_packed`). Otherwise the cluster aggregates the spans and metrics per rank and step (:mod:`._server_tables`), in
     ``parallel`` slices of ranks, unless ``whole`` asks for every event (the timeline and Perfetto
     views draw them all) or the job recorded no collective (then phases may stand in for them, and
     that inference reads the phase spans themselves). ``bucket_page`` fixes the composite
-    aggregations' page (by default ``search.max_buckets`` shared among each bucket's sub-aggregations).
+    aggregations' page (by default ``search.max_buckets`` shared among each bucket's sub-aggregations);
+    ``pack_page`` the pack documents per search (:data:`PACK_PAGE`).
     """
     cfg = config or HttpConfig.from_env(ES.prefix, url=url)
     namespace = namespace or get_str(ES_NAMESPACE)
@@ -714,9 +804,15 @@ def load_elasticsearch(job_id: str, *, url: str | None = None, time_range: TimeR
     try:
         call = retrying(client_caller(client, cluster), where, cluster.label)
         if not whole:
-            _pool_for(client, cluster, parallel)
             indices = _indices(namespace)
-            _refresh(call, indices)
+            _refresh(call, f"{indices},{_pack_indices(namespace)}" if packs else indices)
+            packed = read_packs(call, job_id, time_range, namespace=namespace, page_size=pack_page) if packs else None
+            if packed is not None and packed.ranks:
+                return _load_packed(call, cluster, job_id, packed, time_range, namespace=namespace,
+                                    page_size=page_size, bucket_page=bucket_page, source=source)
+            if packed is not None:
+                packed.close()
+            _pool_for(client, cluster, parallel)
             tier = _Tier(call, cluster, indices, _query(job_id, time_range), page_size=page_size,
                          bucket_page=bucket_page, parallel=parallel, stats=stats)
             staging = Staging()

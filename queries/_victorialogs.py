@@ -37,9 +37,10 @@ from jobtrace import config
 from jobtrace.errors import JobNotFound
 from jobtrace.http import url_without_suffix
 from jobtrace.redact import url_for_display
-from jobtrace.store import METRICS
+from jobtrace.store import METRICS, PACK_KIND, Packs, unpack
 from loki import job_label, logsql_quote
 
+from ._packed import unpacked_ranks, with_packs
 from ._reading import Progress, TimeRange, busy_windows, rank_slices, read_request
 from ._server_tables import Staging, with_aggregates
 from ._store import COLUMNS, JobData, ReadStats, load_events, load_wrapped_events
@@ -227,9 +228,8 @@ _RAW = (
 )
 
 
-def aggregate_victorialogs(reader: VictoriaLogsReader, selector: str, start_ns: int, end_ns: int,
-                           staging: Staging) -> tuple[int, int]:
-    """Stage the job's per rank × step rows and the events read whole; return ``(events in the job, collectives)``."""
+def rank_counts(reader: VictoriaLogsReader, selector: str, start_ns: int, end_ns: int) -> tuple[dict[int, int], int]:
+    """Events per rank in ``selector``, and the events with no rank."""
     counts: dict[int, int] = {}
     unranked = 0
     for row in reader.query(f"{selector} | stats by (rank) count() n", start_ns, end_ns):
@@ -237,6 +237,13 @@ def aggregate_victorialogs(reader: VictoriaLogsReader, selector: str, start_ns: 
             counts[int(row.get("rank", ""))] = int(row["n"])
         except (TypeError, ValueError, KeyError):
             unranked += int(row.get("n") or 0)
+    return counts, unranked
+
+
+def aggregate_victorialogs(reader: VictoriaLogsReader, selector: str, start_ns: int, end_ns: int,
+                           staging: Staging) -> tuple[int, int]:
+    """Stage the job's per rank × step rows and the events read whole; return ``(events in the job, collectives)``."""
+    counts, unranked = rank_counts(reader, selector, start_ns, end_ns)
     total = sum(counts.values()) + unranked
     slices = [f"rank:range[{lo}, {hi})" for lo, hi in rank_slices(counts, reader.window_lines * 10, reader.parallel)]
     if unranked:
@@ -317,13 +324,76 @@ def _only_job(job_id: str, events: Iterable[dict[str, Any]], stats: ReadStats) -
             stats.skipped["not a jobtrace event of this job"] = stats.skipped.get("not a jobtrace event of this job", 0) + 1
 
 
+def read_packs(reader: VictoriaLogsReader, job_selector: str, start_ns: int, end_ns: int) -> Packs:
+    """The job's packs (``kind="rollup"`` lines: see :mod:`jobtrace.store._packs`), unpacked."""
+    body, _ = reader.query_bytes(f"{job_selector} | fields _msg", start_ns, end_ns)
+    loads = orjson.loads
+
+    def records() -> Iterator[dict[str, Any]]:
+        for line in body.splitlines():
+            try:
+                record = loads(loads(line).get("_msg", ""))
+            except (orjson.JSONDecodeError, AttributeError):
+                record = None
+            if isinstance(record, dict):
+                yield record
+
+    return unpack(records(), start_ns=start_ns, end_ns=end_ns)
+
+
+_MAX_RANK_FILTER = 8_000
+"""Characters of rank ranges a query may carry (VictoriaLogs' ``-search.maxQueryLen`` is 16 KiB)."""
+
+
+def rank_filter(ranks: list[int], unranked: bool) -> str | None:
+    """A LogsQL filter for ``ranks`` (as ranges) and, with ``unranked``, events with no rank; ``None`` when
+    it would be too long to send (the caller reads every rank then)."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(f"rank:range[{ranks[i]}, {ranks[j] + 1})")
+        i = j + 1
+    if unranked:
+        parts.append('rank:""')
+    text = "(" + " OR ".join(parts) + ")"
+    return text if len(text) <= _MAX_RANK_FILTER else None
+
+
+def _load_packed(reader: VictoriaLogsReader, job_id: str, selector: str, packs: Packs, time_range: TimeRange,
+                 source: str) -> JobData:
+    """The job from its packs plus, read whole, the events of the ranks they do not stand for."""
+    start, end = time_range.start_ns, time_range.end_ns
+    staging = Staging()
+    try:
+        counts, unranked = rank_counts(reader, selector, start, end)
+        others = unpacked_ranks(packs, counts)
+        if others or unranked:
+            where = rank_filter(others, bool(unranked))
+            reader.stage(selector if where is None else f"{selector} {where}", start, end, staging)
+        job, unparsed = load_wrapped_events(job_id, staging.files("events"), "_msg", source, ReadStats(),
+                                            staging.rows["events"])
+    except BaseException:
+        packs.close()
+        raise
+    finally:
+        staging.close()
+    if unparsed:
+        _log.warning("jobtrace: %d lines in VictoriaLogs were not jobtrace events; they were skipped", unparsed)
+    return with_packs(job, packs, sum(counts.values()) + unranked)
+
+
 def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRange, transport: Any = None,
                       parallel: int | None = None, whole: bool = False, aggregate: bool | None = None,
-                      **options: Any) -> JobData:
+                      packs: bool = True, **options: Any) -> JobData:
     """Load ``job_id`` from VictoriaLogs (``url`` or ``JOBTRACE_VL_URL``; auth from ``JOBTRACE_VL_*``;
     ``JOBTRACE_VL_TENANT=<AccountID>[:<ProjectID>]``).
 
-    Every event is read, as the server stores it, and parsed by DuckDB. With ``aggregate``
+    Ranks that shipped a pack at exit (:mod:`jobtrace.store._packs`) are read from it, a few records
+    each, and only the other ranks' events are read (``packs=False``: every rank from its events).
+    Those events are read as the server stores them, and parsed by DuckDB. With ``aggregate``
     (default ``JOBTRACE_VL_AGGREGATE``, off) the server sums the spans and metrics instead
     (:mod:`._server_tables`): a tenth of the transfer and of the client's memory, but each of those
     queries unpacks every event's JSON on the server, which costs it more CPU than sending the events
@@ -337,12 +407,19 @@ def load_victorialogs(job_id: str, *, url: str | None = None, time_range: TimeRa
     reader = VictoriaLogsReader(http.url, transport or RequestsTransport(http), tenant=http.tenant,
                                 parallel=parallel or config.get_int(config.VL_QUERY_PARALLEL, default=4, minimum=1) or 4,
                                 **options)
-    selector = "{" + job_label() + "=" + logsql_quote(job_id) + "}"
+    job_is = job_label() + "=" + logsql_quote(job_id)
+    selector = "{" + job_is + ", kind!=" + logsql_quote(PACK_KIND) + "}"  # events, not the ranks' packs
     stats = ReadStats()
     source = f"victorialogs:{_safe(reader.base)}"
     staging = Staging()
     try:
         total = colls = None
+        if packs and not whole:
+            packed = read_packs(reader, "{" + job_is + ", kind=" + logsql_quote(PACK_KIND) + "}",
+                               time_range.start_ns, time_range.end_ns)
+            if packed.ranks:
+                return _load_packed(reader, job_id, selector, packed, time_range, source)
+            packed.close()
         if aggregate is None:
             aggregate = config.get_bool(config.VL_AGGREGATE)
         if aggregate and not whole:

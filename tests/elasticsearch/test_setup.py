@@ -95,7 +95,7 @@ class TestInstallOnOpenSearch:
         run_setup(HttpConfig(opensearch.url), replicas=0)
         again = run_setup(HttpConfig(opensearch.url), replicas=0)
         assert [] == again.installed
-        assert 5 == len(again.unchanged)
+        assert 6 == len(again.unchanged)  # 2 component templates, 3 event index templates, the packs' one
 
     def test_the_missing_ism_plugin_is_detected_and_reported_not_fatal(self, opensearch):
         """The embedded node has no ISM: templates install, retention is reported as not installed."""
@@ -188,7 +188,9 @@ class TestIsmPolicyFormat:
         install(call, Cluster("opensearch", "2.19.0"), Retention(logs=3))
         puts = [(p, params) for m, p, params, _ in calls if m == "PUT" and "_ism" in p]
         assert all({"if_seq_no": 7, "if_primary_term": 2} == params for _, params in puts) and 3 == len(puts)
-        assert [f"/_plugins/_ism/change_policy/.ds-{t}-jobtrace-*" for t in TYPES] == \
+        assert ["/_plugins/_ism/change_policy/.ds-logs-jobtrace-*", "/_plugins/_ism/change_policy/.ds-metrics-jobtrace-*",
+                "/_plugins/_ism/change_policy/.ds-metrics-jobtrace.rollup-*",  # the packs: kept as the metrics
+                "/_plugins/_ism/change_policy/.ds-traces-jobtrace-*"] == \
             [p for m, p, _, _ in calls if "change_policy" in p]
 
 

@@ -174,9 +174,13 @@ def test_the_embedded_store_finds_the_faults(shipped: ShippedJob) -> None:
     assert any("NaN" in row for row in shipped.tables["mets"])  # the NaN loss, compared as "NaN"
 
 
+@pytest.mark.parametrize("packs", [True, False], ids=["packs", "events"])
 @pytest.mark.parametrize("backend", SERVERS)
-def test_a_server_gives_the_embedded_stores_verdicts_and_tables(shipped: ShippedJob, backend: str) -> None:
-    job = load_job(backend, shipped.job_id, url=shipped.servers[backend].url, time_range=shipped.time_range)
+def test_a_server_gives_the_embedded_stores_verdicts_and_tables(shipped: ShippedJob, backend: str, packs: bool) -> None:
+    """Read through the packs the export shipped (each rank's rollup), and, ignoring them, from the events."""
+    job = load_job(backend, shipped.job_id, url=shipped.servers[backend].url, time_range=shipped.time_range,
+                   packs=packs)
+    assert ("ranks read from the rollups" in job.source) is packs, job.source
     assert job.stats.events == shipped.events
     found = verdicts(analyze(job, CFG))
     assert_faults_found(found)
@@ -229,11 +233,12 @@ def test_a_server_that_keeps_failing_ends_trace_job_with_a_clear_error(shipped: 
 
 
 @pytest.mark.parametrize(("backend", "options"), [
-    ("victorialogs", {"window_lines": 1000}),
-    ("victorialogs", {"window_lines": 1000, "aggregate": True}),  # rank slices of 10,000 events
-    ("elasticsearch", {"page_size": 500}),
-    ("elasticsearch", {"page_size": 500, "bucket_page": 50}),  # composite pages of 50 buckets
+    ("victorialogs", {"window_lines": 1000, "packs": False}),
+    ("victorialogs", {"window_lines": 1000, "aggregate": True, "packs": False}),  # rank slices of 10,000 events
+    ("elasticsearch", {"page_size": 500, "packs": False}),
+    ("elasticsearch", {"page_size": 500, "bucket_page": 50, "packs": False}),  # composite pages of 50 buckets
     ("elasticsearch", {"page_size": 500, "whole": True}),
+    ("elasticsearch", {"pack_page": 10}),  # the packs' documents in pages of 10
 ])
 def test_a_job_larger_than_one_query_arrives_whole_and_once(shipped: ShippedJob, backend: str,
                                                              options: dict[str, Any], fault_proxy: Any) -> None:
@@ -246,7 +251,7 @@ def test_a_job_larger_than_one_query_arrives_whole_and_once(shipped: ShippedJob,
     """
     proxy: FaultProxy = fault_proxy(shipped.servers[backend])
     job = load_job(backend, shipped.job_id, url=proxy.url, time_range=shipped.time_range, **options)
-    # Proof that the small size took effect: a query (window or page) per 1,000 or 500 events at most.
+    # Proof that the small size took effect: a query (window or page) per 1,000 or 500 events (or 10 packs) at most.
     assert proxy.requests_seen >= 30, proxy.requests_seen
     assert job.stats.events == shipped.events
     keys = event_keys(job)
