@@ -109,7 +109,7 @@ def test_an_unusable_pack_is_skipped_and_counted(segments: list[str], spoil: Any
     try:
         assert packs.ranks == {0, 2, 3}
         assert packs.skipped == {reason: 1}
-        assert not any("-r1." in f for files in packs.tables.values() for f in files)
+        assert not any(f.endswith("/r1.parquet") for files in packs.tables.values() for f in files)
     finally:
         packs.close()
 
