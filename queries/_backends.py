@@ -38,7 +38,7 @@ def _load_loki(job_id: str, *, data_dir: str, url: str | None, time_range: TimeR
                **options: Any) -> JobData:
     from ._loki import load_loki
 
-    return load_loki(job_id, url=url, time_range=time_range, **options)
+    return load_loki(job_id, url=url, time_range=time_range, whole=whole, **options)
 
 
 def _load_victorialogs(job_id: str, *, data_dir: str, url: str | None, time_range: TimeRange, whole: bool,

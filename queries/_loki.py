@@ -22,6 +22,13 @@ and the request asks for ``categorize-labels`` so that Loki 3.x returns structur
 metadata beside each line instead of splitting every entry into its own stream.
 Lines are the canonical JSON events; they end in :func:`queries._store.load_events`,
 so the report is the one the embedded store gives.
+
+**Packs first.** Each rank that exited cleanly shipped its *pack* (:mod:`jobtrace.store._packs`),
+a stream of its own (``kind="rollup"``). :func:`load_loki` reads those few lines first; then
+instant metric queries count the server's events per rank (:func:`rank_counts`), and only the
+ranks without a usable pack (and the events of no rank) are read line by line, through a label
+filter on the ``rank`` structured metadata (:func:`rank_filter`). :func:`queries._packed.with_packs`
+joins the two, as the VictoriaLogs and Elasticsearch readers do.
 """
 
 from __future__ import annotations
@@ -42,12 +49,14 @@ from jobtrace import config
 from jobtrace.errors import ConfigError, JobNotFound, QueryError
 from jobtrace.http import url_without_suffix
 from jobtrace.redact import url_for_display
-from loki import label_string
+from jobtrace.store import PACK_KIND, Packs, unpack
+from loki import label_string, logql_quote
 
+from ._packed import unpacked_ranks, with_packs
 from ._reading import TimeRange, busy_windows, even_windows, read_request
 from ._store import JobData, ReadStats, load_events
 
-__all__ = ["LokiReader", "load_loki", "query_base"]
+__all__ = ["LokiReader", "load_loki", "query_base", "rank_counts", "rank_filter", "read_packs"]
 
 _HEADERS = {"Accept": "application/json", "X-Loki-Response-Encoding-Flags": "categorize-labels",
             "User-Agent": "jobtrace-trace-job"}
@@ -205,11 +214,13 @@ class LokiReader:
             return list(_entries(data))
 
     def _fetch_instant(self, selector: str, ts: int) -> list[tuple[int, str]]:
-        """All entries at exactly ``ts``: one query per stream (from the series API)."""
-        series = self.get("series", {"match[]": selector, "start": str(ts), "end": str(ts + 1)})
+        """All entries at exactly ``ts``: one query per stream (from the series API, which takes a stream
+        selector only: a pipeline such as a rank filter is applied to each stream's query)."""
+        streams, pipeline = split_pipeline(selector)
+        series = self.get("series", {"match[]": streams, "start": str(ts), "end": str(ts + 1)})
         out: list[tuple[int, str]] = []
         for labels in series if isinstance(series, list) else []:
-            entries = self._page(label_string(labels), ts, ts + 1)
+            entries = self._page(label_string(labels) + pipeline, ts, ts + 1)
             if len(entries) >= self.limit:
                 raise QueryError(
                     f"more than {self.limit} lines of one stream share the timestamp {ts} ns; paging cannot get "
@@ -226,6 +237,26 @@ class LokiReader:
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="jobtrace-loki-read") as pool:
             parts = list(pool.map(lambda w: self.fetch_window(selector, *w), windows))
         return (e for part in parts for e in part)
+
+
+def split_pipeline(query: str) -> tuple[str, str]:
+    """A log query's stream selector ``{…}`` and the rest (its pipeline, with its leading space), read
+    past quoted strings so that a ``}`` inside a job id does not end the selector."""
+    quote = ""
+    i = 0
+    while i < len(query):
+        ch = query[i]
+        if quote:
+            if ch == "\\" and quote == '"':
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"`":
+            quote = ch
+        elif ch == "}":
+            return query[:i + 1], query[i + 1:]
+        i += 1
+    return query, ""
 
 
 def _entries(data: dict[str, Any]) -> Iterator[tuple[int, str]]:
@@ -252,9 +283,166 @@ def _events(job_id: str, lines: Iterable[tuple[int, str]], stats: ReadStats) -> 
         yield event
 
 
+# ---- packs (jobtrace.store._packs): the ranks' rollups, read instead of their events ----------------------------
+PACK_PAGE = 200
+"""Pack lines per page: each holds up to 128 KiB of base64, so a page is at most ~26 MB of JSON (a page of
+``max_entries_limit_per_query`` = 5,000 such lines would exceed Loki's 100 MB gRPC message limit)."""
+
+MAX_SERIES = 500
+"""Loki's ``max_query_series`` default: a metric query answering more series fails, so ranks are counted
+in slices of this many."""
+
+MAX_QUERY_LENGTH_NS = 720 * 3600 * 10**9
+"""Under Loki's ``max_query_length`` default (721h): the range of one count query."""
+
+MAX_RANK_FILTER = 4_000
+"""Characters of rank filter a query may carry (it travels in a GET request's URL)."""
+
+
+def read_packs(reader: LokiReader, pack_selector: str, start_ns: int, end_ns: int) -> Packs:
+    """The job's packs (``kind="rollup"`` lines: :mod:`jobtrace.store._packs`) in ``[start, end)``, unpacked.
+
+    Read with the reader's paging (histogram, windows, forward pages), in pages of :data:`PACK_PAGE` lines.
+    """
+    packs_reader = LokiReader(reader.base, reader.transport, limit=max(2, min(reader.limit, PACK_PAGE)),
+                              parallel=reader.parallel, window_lines=10 * PACK_PAGE, timeout_s=reader.timeout_s,
+                              retries=reader.retries)
+    packs_reader.headers = dict(reader.headers)
+    lines = list(packs_reader.fetch(pack_selector, start_ns, end_ns))
+    reader.counters.requests += packs_reader.counters.requests
+    loads = orjson.loads
+
+    def records() -> Iterator[dict[str, Any]]:
+        for _, line in lines:
+            try:
+                record = loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+    return unpack(records(), start_ns=start_ns, end_ns=end_ns)
+
+
+def _instant(reader: LokiReader, query: str, time_ns: int) -> list[tuple[dict[str, str], int]]:
+    """``(labels, value)`` of each series of an instant metric query at ``time_ns``."""
+    data = reader.get("query", {"query": query, "time": str(time_ns)})
+    if data.get("resultType") != "vector":
+        raise QueryError(f"expected a vector result from Loki, got {data.get('resultType')!r}")
+    return [(dict(s.get("metric") or {}), int(float(s["value"][1]))) for s in data.get("result") or []]
+
+
+def rank_counts(reader: LokiReader, selector: str, start_ns: int, end_ns: int,
+                known_max: int = 0) -> tuple[dict[int, int], int] | None:
+    """Events per rank in ``selector`` over ``[start, end)`` and the events with no rank; ``None`` where they
+    cannot be counted cleanly (the caller then reads every event whole).
+
+    Instant queries over the whole range (split at :data:`MAX_QUERY_LENGTH_NS`), evaluated at ``end - 1 ns``
+    so that ``(t - range, t]`` is the range read, rounded out to whole milliseconds (a duration unit both
+    Loki and Prometheus parse): the job's total, its events of no rank (``| rank=""``), then
+    ``sum by (rank)`` over slices of :data:`MAX_SERIES` ranks (``| rank >= a | rank < b``: a numeric
+    label filter on the ``rank`` structured metadata; it drops lines without one) until every event is
+    counted. ``None`` when a rank is not an integer, or events stay uncounted eight slices past the
+    highest rank seen (a rank Loki cannot compare as a number). On a Loki without structured metadata
+    (rank only inside the line) every event counts as of no rank: all are read whole, and
+    :func:`with_packs` then keeps the events over the packs (correct, only not cheaper).
+    """
+    counts: dict[int, int] = {}
+    unranked = 0
+    a = start_ns
+    while a < end_ns:
+        b = min(end_ns, a + MAX_QUERY_LENGTH_NS)
+        rng = f"[{-(-(b - a) // 1_000_000)}ms]"
+        at = b - 1
+        total = sum(n for _, n in _instant(reader, f"sum(count_over_time({selector} {rng}))", at))
+        none = sum(n for _, n in _instant(reader, f'sum(count_over_time({selector} | rank="" {rng}))', at))
+        unranked += none
+        seen, lo, top = none, 0, known_max
+        while seen < total:
+            if lo > top + 8 * MAX_SERIES:
+                return None
+            query = f"sum by (rank) (count_over_time({selector} | rank >= {lo} | rank < {lo + MAX_SERIES} {rng}))"
+            for labels, n in _instant(reader, query, at):
+                try:
+                    rank = int(labels.get("rank", ""))
+                except ValueError:
+                    return None
+                counts[rank] = counts.get(rank, 0) + n
+                seen += n
+                top = max(top, rank)
+            lo += MAX_SERIES
+        a = b
+    return counts, unranked
+
+
+def rank_filter(ranks: list[int], unranked: bool) -> str | None:
+    """A LogQL label filter stage for ``ranks`` and, with ``unranked``, lines with no rank; ``None`` when it
+    would be longer than :data:`MAX_RANK_FILTER` (the caller reads every rank then).
+
+    Runs of three or more ranks become ``(rank >= a and rank < b)``, the others one regex (label filter
+    regexes are anchored, as in selectors); ``rank=""`` matches a line without the metadata.
+    """
+    singles: list[str] = []
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"(rank >= {ranks[i]} and rank < {ranks[j] + 1})")
+        else:
+            singles += [str(r) for r in ranks[i:j + 1]]
+        i = j + 1
+    if singles:
+        parts.insert(0, "rank=~" + logql_quote("|".join(singles)))
+    if unranked:
+        parts.append('rank=""')
+    if not parts:
+        return None
+    text = "| " + " or ".join(parts)
+    return text if len(text) <= MAX_RANK_FILTER else None
+
+
+def _load_packed(reader: LokiReader, job_id: str, selector: str, packs: Packs, time_range: TimeRange,
+                 source: str) -> JobData | None:
+    """The job from ``packs`` plus, read whole, the events of the ranks they do not stand for and of no rank;
+    ``None`` (``packs`` closed) where the events cannot be counted per rank (:func:`rank_counts`).
+
+    Consumes ``packs`` (closed on any error too).
+    """
+    start, end = time_range.start_ns, time_range.end_ns
+    try:
+        try:
+            counted = rank_counts(reader, selector, start, end, max(packs.ranks))
+        except QueryError:
+            counted = None  # e.g. a max_query_series below 500: read every event instead
+        if counted is None:
+            packs.close()
+            return None
+        counts, unranked = counted
+        others = unpacked_ranks(packs, counts)
+        stats = ReadStats(files=0)
+        lines: Iterable[tuple[int, str]] = ()
+        if others or unranked:
+            where = rank_filter(others, bool(unranked))
+            lines = reader.fetch(selector if where is None else f"{selector} {where}", start, end)
+        job = load_events(job_id, _events(job_id, lines, stats), source, stats, empty_ok=True)
+    except BaseException:
+        packs.close()
+        raise
+    return with_packs(job, packs, sum(counts.values()) + unranked)
+
+
 def load_loki(job_id: str, *, url: str | None = None, time_range: TimeRange, transport: Any = None,
-              limit: int | None = None, parallel: int | None = None, **options: Any) -> JobData:
-    """Load ``job_id`` from Loki (``url`` or ``JOBTRACE_LOKI_URL``; auth and tenant from ``JOBTRACE_LOKI_*``)."""
+              limit: int | None = None, parallel: int | None = None, whole: bool = False, packs: bool = True,
+              **options: Any) -> JobData:
+    """Load ``job_id`` from Loki (``url`` or ``JOBTRACE_LOKI_URL``; auth and tenant from ``JOBTRACE_LOKI_*``).
+
+    Ranks that shipped a pack at exit are read from it, and only the other ranks' lines are read
+    (see the module docstring); ``packs=False``, or ``whole`` (the timeline and Perfetto views draw
+    every event), reads every rank's lines.
+    """
     import loki
     from jobtrace.http import HttpConfig, RequestsTransport
 
@@ -265,18 +453,28 @@ def load_loki(job_id: str, *, url: str | None = None, time_range: TimeRange, tra
         parallel=parallel or config.get_int(config.LOKI_QUERY_PARALLEL, default=4, minimum=1) or 4,
         **options,
     )
-    selector = loki.library(loki.job_label()).render("job_events", job=job_id)
+    label = loki.job_label()
+    selector = loki.library(label).render("job_events", job=job_id)
+    source = f"loki:{_safe(reader.base)}"
     stats = ReadStats(files=0)
-    lines = reader.fetch(selector, time_range.start_ns, time_range.end_ns)
     try:
-        job = load_events(job_id, _events(job_id, lines, stats), f"loki:{_safe(reader.base)}", stats)
+        if packs and not whole:
+            packed = read_packs(reader, "{" + label + "=" + logql_quote(job_id) + ", kind=" + logql_quote(PACK_KIND) + "}",
+                                time_range.start_ns, time_range.end_ns)
+            if packed.ranks:
+                loaded = _load_packed(reader, job_id, selector, packed, time_range, source)
+                if loaded is not None:
+                    return loaded
+            else:
+                packed.close()
+        lines = reader.fetch(selector, time_range.start_ns, time_range.end_ns)
+        return load_events(job_id, _events(job_id, lines, stats), source, stats)
     except JobNotFound:
         raise JobNotFound(f"no events for job {job_id!r} in Loki at {_safe(reader.base)} between "
                           f"{_iso(time_range.start_ns)} and {_iso(time_range.end_ns)} (widen with --since)") from None
     finally:
         if transport is None:
             reader.transport.close()
-    return job
 
 
 def _iso(ns: int) -> str:

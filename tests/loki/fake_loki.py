@@ -15,6 +15,14 @@ the reader depends on (docs/sources/reference/loki-http-api.md, shared/reference
 * ``sum(count_over_time(<selector> [<n>s]))`` with ``step``: a matrix with one point
   per step from ``start`` to ``end``, each counting entries in ``(t - range, t]``,
   points with no entry left out.
+* ``GET /loki/api/v1/query`` (an instant query at ``time``, ns): ``sum [by (<label>)]
+  (count_over_time(<log query> [<n>s|ms]))`` as a vector, one sample per group (a group
+  whose label is missing has it absent from ``metric``); more series than ``max_series``
+  (Loki's ``max_query_series``, 500) or a range over ``max_query_length`` (721h) is a 400.
+* Log queries may carry label filter stages (``| rank >= 0``, ``| rank=~"3|17" or (rank >= 5
+  and rank < 9) or rank=""``) on stream labels and structured metadata, as Loki 3.x evaluates
+  them: string matchers see a missing label as ``""`` (regexes fully anchored), a numeric
+  comparison drops a line without the label.
 * ``POST /loki/api/v1/push``: snappy protobuf (decoded with the classes compiled from
   Loki's push.proto) or JSON; 204.
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -35,7 +44,9 @@ import orjson
 from shippers import Request, Response
 
 _MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*")')
-_METRIC = re.compile(r"^sum\(count_over_time\((\{.*\})\s*\[(\d+)s\]\)\)$")
+_METRIC = re.compile(r"^sum(?: by \((\w+)\))? ?\(count_over_time\((\{.*)\s*\[(\d+)(s|ms)\]\)\)$")
+_FILTER_TOKEN = re.compile(r'\s*(\(|\)|\band\b|\bor\b|(\w+)\s*(=~|!~|!=|==|>=|<=|=|>|<)\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?))')
+_UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000}
 
 
 def go_unquote(text: str) -> str:
@@ -79,9 +90,12 @@ class Entry:
 class FakeLoki:
     """``InMemoryTransport(FakeLoki())`` answers like a Loki 3.x server."""
 
-    def __init__(self, *, max_entries: int = 5000, push_pb2: Any = None) -> None:
+    def __init__(self, *, max_entries: int = 5000, push_pb2: Any = None, max_series: int = 500,
+                 max_query_length_ns: int = 721 * 3600 * 10**9) -> None:
         self.entries: list[Entry] = []
         self.max_entries = max_entries
+        self.max_series = max_series
+        self.max_query_length_ns = max_query_length_ns
         self.push_pb2 = push_pb2
         self.queries: list[dict[str, str]] = []
         self.pushes = 0
@@ -91,7 +105,7 @@ class FakeLoki:
 
     def _sorted(self) -> tuple[list[Entry], list[int]]:
         """Entries by time (stable: insertion order within a timestamp), and their timestamps."""
-        if getattr(self, "_index_n", -1) != len(self.entries) or self._index_src is not self.entries:
+        if getattr(self, "_index_n", -1) != len(self.entries) or getattr(self, "_index_src", None) is not self.entries:
             self._index = sorted(self.entries, key=lambda e: e.ts)
             self._stamps = [e.ts for e in self._index]
             self._index_n, self._index_src = len(self.entries), self.entries
@@ -109,6 +123,13 @@ class FakeLoki:
                 return self._query_range(params, dict(request.headers))
             except ValueError as exc:
                 return Response(400, str(exc).encode())
+        if parts.path.endswith("/loki/api/v1/query") and request.method == "GET":
+            params = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+            self.queries.append(params)
+            try:
+                return self._instant(params)
+            except ValueError as exc:
+                return Response(400, str(exc).encode())
         if parts.path.endswith("/loki/api/v1/series"):
             params = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
             self.queries.append(params)
@@ -122,7 +143,11 @@ class FakeLoki:
         return Response(200, orjson.dumps({"status": "success", "data": [dict(k) for k in sorted(found)]}))
 
     def _matcher(self, selector: str) -> Any:
-        text = selector.strip()
+        """A predicate on entries for a log query: a stream selector, then label filter stages."""
+        from queries._loki import split_pipeline
+
+        streams, pipeline = split_pipeline(selector.strip())
+        text = streams.strip()
         if not (text.startswith("{") and text.endswith("}")):
             raise ValueError(f"parse error: cannot parse selector {selector!r}")
         parts = _MATCHER.findall(text[1:-1])
@@ -130,10 +155,19 @@ class FakeLoki:
         if not parts or rebuilt.replace(" ", "") != text[1:-1].replace(" ", ""):
             raise ValueError(f"parse error: cannot parse selector {selector!r}")
         checks = [self._one(*p) for p in parts]
-        return lambda e: all(c(e) for c in checks)
+        if pipeline.strip() and not pipeline.strip().startswith("|"):
+            raise ValueError(f"parse error: unexpected {pipeline!r}")
+        stages = [self._label_filter(stage) for stage in _stages(pipeline)]
+        return lambda e: all(c(e) for c in checks) and all(f({**e.labels, **e.metadata}) for f in stages)
+
+    def _label_filter(self, stage: str) -> Any:
+        """One ``| <label filter expression>`` stage: matchers and numeric comparisons joined by ``and``/``or``
+        (``and`` binds tighter) and parentheses, as LogQL's grammar has them."""
+        return _FilterParser(stage).parse()
 
     def _one(self, name: str, op: str, quoted: str) -> Any:
         value = go_unquote(quoted)
+        ok: Callable[[str], bool]
         if op in ("=~", "!~"):
             rx = re.compile(value)  # Loki anchors label regexes
             ok = (lambda v: rx.fullmatch(v) is not None) if op == "=~" else (lambda v: rx.fullmatch(v) is None)
@@ -147,7 +181,9 @@ class FakeLoki:
         end = int(params.get("end", 2**63 - 1))
         metric = _METRIC.match(query)
         if metric:
-            return self._count(metric.group(1), int(metric.group(2)), start, end, params)
+            if metric.group(1) or metric.group(4) != "s":
+                raise ValueError("this fake answers only sum(count_over_time(… [Ns])) over a range")
+            return self._count(metric.group(2), int(metric.group(3)), start, end, params)
         limit = int(params.get("limit", 100))
         if limit > self.max_entries:
             raise ValueError(f"max entries limit per query exceeded, limit > max_entries_limit_per_query "
@@ -191,6 +227,29 @@ class FakeLoki:
         result = [{"metric": {}, "values": values}] if values else []
         return Response(200, orjson.dumps({"status": "success",
                                            "data": {"resultType": "matrix", "result": result, "stats": {}}}))
+
+    def _instant(self, params: dict[str, str]) -> Response:
+        metric = _METRIC.match(params["query"])
+        if metric is None:
+            raise ValueError(f"parse error: this fake answers only sum [by (label)] (count_over_time(…)) at an "
+                             f"instant, not {params['query']!r}")
+        by, inner, amount, unit = metric.groups()
+        rng = int(amount) * _UNIT_NS[unit]
+        if rng > self.max_query_length_ns:
+            raise ValueError(f"the query time range exceeds the limit (query length: {rng // 10**9}s, limit: "
+                             f"{self.max_query_length_ns // 10**9}s)")
+        t = int(params["time"])
+        match = self._matcher(inner)
+        groups: dict[str, int] = {}
+        for e in self.entries:
+            if t - rng < e.ts <= t and match(e):
+                key = {**e.labels, **e.metadata}.get(by, "") if by else ""
+                groups[key] = groups.get(key, 0) + 1
+        if len(groups) > self.max_series:
+            raise ValueError(f"maximum of series ({self.max_series}) reached for a single query")
+        result = [{"metric": ({by: k} if by and k else {}), "value": [t / 1e9, str(n)]} for k, n in groups.items()]
+        return Response(200, orjson.dumps({"status": "success",
+                                           "data": {"resultType": "vector", "result": result, "stats": {}}}))
 
     def _push(self, request: Request) -> Response:
         import gzip
@@ -256,3 +315,101 @@ class FakeLokiHTTP:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _stages(pipeline: str) -> list[str]:
+    """The stages of a pipeline, split at each ``|`` outside a quoted string (a regex's ``|`` stays)."""
+    stages: list[str] = []
+    current: list[str] = []
+    quoted = escaped = False
+    for ch in pipeline:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch == "|":
+            stages.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    stages.append("".join(current))
+    return stages[1:]
+
+
+class _FilterParser:
+    """LogQL label filter expressions (the subset trace-job sends): ``or`` of ``and`` of terms, a term being
+    ``( … )``, ``name <op> "string"`` (=, !=, =~, !~) or ``name <op> number`` (==, !=, >, >=, <, <=)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[Any] = []
+        pos = 0
+        while pos < len(text.rstrip()):
+            m = _FILTER_TOKEN.match(text, pos)
+            if m is None:
+                raise ValueError(f"parse error: cannot parse label filter {text!r} at {pos}")
+            self.tokens.append((m.group(2), m.group(3), m.group(4)) if m.group(2) else m.group(1))
+            pos = m.end()
+        self.i = 0
+
+    def parse(self) -> Any:
+        expr = self._or()
+        if self.i != len(self.tokens):
+            raise ValueError(f"parse error: unexpected {self.tokens[self.i]!r} in {self.text!r}")
+        return expr
+
+    def _or(self) -> Any:
+        terms = [self._and()]
+        while self.i < len(self.tokens) and self.tokens[self.i] == "or":
+            self.i += 1
+            terms.append(self._and())
+        return lambda labels: any(t(labels) for t in terms)
+
+    def _and(self) -> Any:
+        terms = [self._term()]
+        while self.i < len(self.tokens) and self.tokens[self.i] == "and":
+            self.i += 1
+            terms.append(self._term())
+        return lambda labels: all(t(labels) for t in terms)
+
+    def _term(self) -> Any:
+        if self.i >= len(self.tokens):
+            raise ValueError(f"parse error: unexpected end of {self.text!r}")
+        tok = self.tokens[self.i]
+        self.i += 1
+        if tok == "(":
+            inner = self._or()
+            if self.i >= len(self.tokens) or self.tokens[self.i] != ")":
+                raise ValueError(f"parse error: unbalanced parentheses in {self.text!r}")
+            self.i += 1
+            return inner
+        if not isinstance(tok, tuple):
+            raise ValueError(f"parse error: unexpected {tok!r} in {self.text!r}")
+        name, op, value = tok
+        if value.startswith('"'):
+            if op not in ("=", "!=", "=~", "!~"):
+                raise ValueError(f"parse error: {op} needs a number in {self.text!r}")
+            text = go_unquote(value)
+            if op in ("=~", "!~"):
+                rx = re.compile(text)
+                return lambda labels: (rx.fullmatch(labels.get(name, "")) is not None) == (op == "=~")
+            return lambda labels: (labels.get(name, "") == text) == (op == "=")
+        if op in ("=~", "!~"):
+            raise ValueError(f"parse error: {op} needs a string in {self.text!r}")
+        number = float(value)
+        compare = {"=": float.__eq__, "==": float.__eq__, "!=": float.__ne__, ">": float.__gt__,
+                   ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}[op]
+
+        def numeric(labels: dict[str, str]) -> bool:
+            if name not in labels:
+                return False  # Loki's NumericLabelFilter: a line without the label does not pass
+            try:
+                return bool(compare(float(labels[name]), number))
+            except ValueError:
+                return True  # Loki keeps it with __error__ set (a metric query over it then fails)
+        return numeric
