@@ -80,7 +80,9 @@ def test_the_timeline_puts_both_ranks_on_one_clock(shifted_job):
         if s["cat"] == "collective" and s["seq"] is not None:
             ends.setdefault(s["seq"], {})[s["rank"]] = s["s"] + s["d"]
     gaps = sorted(abs(e[0] - e[1]) for e in ends.values() if len(e) == 2)
-    assert gaps and gaps[len(gaps) // 2] < 1000  # µs: they leave each collective together, as they did
+    # µs: they leave each collective together, as they did. Unaligned, the median gap is the 50 ms shift; aligned,
+    # it is the ranks' real skew, under a millisecond on an idle machine but more where CI starves one process.
+    assert gaps and gaps[len(gaps) // 2] < SHIFT_S * 1e6 / 5, gaps
 
 
 def test_watch_aligns_a_node_whose_clock_is_30s_behind_while_the_job_runs(tmp_path):

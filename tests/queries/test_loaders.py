@@ -39,7 +39,7 @@ def test_a_server_loader_gets_the_url_the_range_and_its_own_options(monkeypatch)
     assert load_job("victorialogs", "j", data_dir="ignored", url="http://v", parallel=2) == "load_victorialogs"
     assert load_job("elasticsearch", "j", time_range=rng, namespace="ns", whole=True) == "load_elasticsearch"
     (_, _, loki), (_, _, vl), (_, _, es) = calls
-    assert loki == {"url": "http://l", "time_range": rng, "limit": 5}  # Loki always reads every event
+    assert loki == {"url": "http://l", "time_range": rng, "limit": 5, "whole": False}  # packs may stand for ranks
     assert es == {"url": None, "time_range": rng, "namespace": "ns", "whole": True}
     assert set(vl) == {"url", "time_range", "parallel", "whole"} and vl["whole"] is False  # the server aggregates
     week = vl["time_range"]  # no range given: the last seven days
