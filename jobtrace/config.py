@@ -154,7 +154,8 @@ LOCAL: Final = _var("JOBTRACE_LOCAL", "bool", "1",
                     "Write the embedded store; `0` with a server configured ships to the server only.", _G)
 COMPACT: Final = _var("JOBTRACE_COMPACT", "bool", "1",
                       "Each rank writes a Parquet segment and rollup of its lines when it exits (`0`: JSON lines "
-                      "only).", _G)
+                      "only), and ships that rollup to Loki, VictoriaLogs or Elasticsearch/OpenSearch as a pack "
+                      "(docs/server-scale.md).", _G)
 
 # ---- redaction ------------------------------------------------------------------------------------
 _G = "Redaction"
