@@ -53,7 +53,7 @@ from jobtrace.store import PACK_KIND, Packs, unpack
 from loki import label_string, logql_quote
 
 from ._packed import unpacked_ranks, with_packs
-from ._reading import TimeRange, busy_windows, even_windows, read_request
+from ._reading import TimeRange, busy_windows, even_windows, rank_runs, read_request
 from ._store import JobData, ReadStats, load_events
 
 __all__ = ["LokiReader", "load_loki", "query_base", "rank_counts", "rank_filter", "read_packs"]
@@ -384,16 +384,11 @@ def rank_filter(ranks: list[int], unranked: bool) -> str | None:
     """
     singles: list[str] = []
     parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"(rank >= {ranks[i]} and rank < {ranks[j] + 1})")
+    for lo, hi in rank_runs(ranks):
+        if hi - lo >= 3:
+            parts.append(f"(rank >= {lo} and rank < {hi})")
         else:
-            singles += [str(r) for r in ranks[i:j + 1]]
-        i = j + 1
+            singles += [str(r) for r in range(lo, hi)]
     if singles:
         parts.insert(0, "rank=~" + logql_quote("|".join(singles)))
     if unranked:

@@ -22,7 +22,7 @@ from jobtrace.redact import url_for_display
 if TYPE_CHECKING:
     from jobtrace.http import Request, Response, Transport
 
-__all__ = ["Progress", "TimeRange", "busy_windows", "even_windows", "parse_time", "rank_slices", "read_request"]
+__all__ = ["Progress", "TimeRange", "busy_windows", "even_windows", "parse_time", "rank_runs", "rank_slices", "read_request"]
 
 _REL = re.compile(r"^\d+(?:\.\d+)?[smhdw]$")
 
@@ -164,6 +164,17 @@ class Progress:
                 self._stream.write("\r" + " " * len(self.line()) + "\r")
                 self._stream.flush()
                 self._drawn = False
+
+
+def rank_runs(ranks: list[int]) -> list[tuple[int, int]]:
+    """Sorted ``ranks`` as runs of consecutive ranks, each ``[lo, hi)``: a server filter names ranges, not lists."""
+    runs: list[tuple[int, int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1]:
+            runs[-1] = (runs[-1][0], rank + 1)
+        else:
+            runs.append((rank, rank + 1))
+    return runs
 
 
 def rank_slices(counts: dict[int, int], max_events: int, at_least: int) -> list[tuple[int, int]]:

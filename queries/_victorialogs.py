@@ -41,7 +41,7 @@ from jobtrace.store import METRICS, PACK_KIND, Packs, unpack
 from loki import job_label, logsql_quote
 
 from ._packed import unpacked_ranks, with_packs
-from ._reading import Progress, TimeRange, busy_windows, rank_slices, read_request
+from ._reading import Progress, TimeRange, busy_windows, rank_runs, rank_slices, read_request
 from ._server_tables import Staging, with_aggregates
 from ._store import COLUMNS, JobData, ReadStats, load_events, load_wrapped_events
 
@@ -348,14 +348,7 @@ _MAX_RANK_FILTER = 8_000
 def rank_filter(ranks: list[int], unranked: bool) -> str | None:
     """A LogsQL filter for ``ranks`` (as ranges) and, with ``unranked``, events with no rank; ``None`` when
     it would be too long to send (the caller reads every rank then)."""
-    parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(f"rank:range[{ranks[i]}, {ranks[j] + 1})")
-        i = j + 1
+    parts = [f"rank:range[{lo}, {hi})" for lo, hi in rank_runs(ranks)]
     if unranked:
         parts.append('rank:""')
     text = "(" + " OR ".join(parts) + ")"
